@@ -1,0 +1,1 @@
+"""Instruments for the ckpt-vs-accum lessons: one small module per lesson plus a shared core."""

@@ -1,0 +1,61 @@
+"""Synthetic data, generated in-process: nothing is downloaded.
+
+Each function takes a `seed` and builds its tensors with a private
+`torch.Generator`, so the data does not depend on (or disturb) the global RNG.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _generator(seed: int) -> torch.Generator:
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    return torch.Generator().manual_seed(seed)
+
+
+def _check_n(n: int) -> None:
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+
+
+def regression_batch(
+    n: int, d_in: int, d_out: int = 1, *, seed: int = 0, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`n` inputs of size `d_in` and targets from a fixed random linear map plus noise."""
+    _check_n(n)
+    g = _generator(seed)
+    x = torch.randn(n, d_in, generator=g)
+    w = torch.randn(d_in, d_out, generator=g) / d_in**0.5
+    y = x @ w + 0.1 * torch.randn(n, d_out, generator=g)
+    return x.to(device), y.to(device)
+
+
+def token_batch(
+    n: int, seq_len: int, vocab_size: int, *, seed: int = 0, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`n` token sequences and their next-token targets (inputs shifted by one).
+
+    The sequences follow a simple learnable rule (each token is the previous
+    one plus a per-sequence step, modulo the vocabulary), so a model can fit them.
+    """
+    _check_n(n)
+    g = _generator(seed)
+    start = torch.randint(0, vocab_size, (n, 1), generator=g)
+    step = torch.randint(1, 4, (n, 1), generator=g)
+    seq = (start + step * torch.arange(seq_len + 1)) % vocab_size
+    return seq[:, :-1].contiguous().to(device), seq[:, 1:].contiguous().to(device)
+
+
+def image_batch(
+    n: int, *, channels: int = 3, size: int = 16, num_classes: int = 10, seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`n` small images whose class sets the mean of one channel band, plus labels."""
+    _check_n(n)
+    g = _generator(seed)
+    labels = torch.randint(0, num_classes, (n,), generator=g)
+    images = torch.randn(n, channels, size, size, generator=g)
+    images += (labels.float() / num_classes).view(n, 1, 1, 1)
+    return images.to(device), labels.to(device)

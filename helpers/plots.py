@@ -1,0 +1,135 @@
+"""One house style for every lesson's plots, and byte formatting.
+
+Figures are shown with `show(fig)`, which displays and then closes them, so a
+rerun cell neither leaks figures nor warns under a non-interactive backend
+(`MPLBACKEND=Agg`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.rcParams.update(
+    {
+        "figure.figsize": (7.5, 3.6),
+        "figure.dpi": 90,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "axes.titlesize": 11,
+        "axes.titleweight": "bold",
+        "legend.frameon": False,
+        "font.size": 10,
+    }
+)
+
+import matplotlib.pyplot as plt  # noqa: E402  (after the style is set)
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+COLORS = {
+    "parameters": "#4C72B0",
+    "gradients": "#55A868",
+    "optimizer_state": "#8172B2",
+    "activations": "#DD8452",
+    "other": "#999999",
+}
+UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable bytes with binary units, e.g. 3.2 MiB or 512 B."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in UNITS:
+        if n >= size:
+            return f"{sign}{n / size:.1f} {unit}"
+    return f"{sign}{int(n)} B"
+
+
+def byte_unit(max_bytes: float) -> tuple[str, int]:
+    """The unit (name, size) that suits an axis whose largest value is `max_bytes`."""
+    for unit, size in UNITS:
+        if max_bytes >= size:
+            return unit, size
+    return "B", 1
+
+
+def figure(ncols: int = 1, *, width: float = 7.5, height: float = 3.6) -> tuple[Figure, list[Axes]]:
+    """A new figure with `ncols` axes side by side (always returned as a list)."""
+    fig, axes = plt.subplots(1, ncols, figsize=(width, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def show(fig: Figure) -> None:
+    """Display `fig` as a PNG in the notebook, then close it.
+
+    Rendering to PNG ourselves works the same under any backend, including
+    `MPLBACKEND=Agg` in CI; closing keeps reruns from piling up figures.
+    """
+    import io
+
+    from IPython.display import Image, display
+
+    try:
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        display(Image(data=buf.getvalue(), format="png"))
+    finally:
+        plt.close(fig)
+
+
+def stacked_bars(
+    ax: Axes,
+    breakdowns: Mapping[str, Mapping[str, float]],
+    *,
+    budget: float | None = None,
+    budget_label: str = "budget",
+    title: str = "",
+) -> None:
+    """One stacked bar per entry of `breakdowns` ({label: {category: bytes}})."""
+    if not breakdowns:
+        raise ValueError("breakdowns is empty: give at least one {label: {category: bytes}}")
+    peak = max(sum(b.values()) for b in breakdowns.values())
+    unit, size = byte_unit(max(peak, budget or 0))
+    labels = list(breakdowns)
+    bottoms = [0.0] * len(labels)
+    categories = list(dict.fromkeys(c for b in breakdowns.values() for c in b))
+    for cat in categories:
+        values = [breakdowns[label].get(cat, 0) / size for label in labels]
+        ax.bar(labels, values, bottom=bottoms, label=cat, color=COLORS.get(cat))
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    if budget is not None:
+        ax.axhline(budget / size, color="crimson", ls="--", lw=1.2)
+        ax.annotate(budget_label, (1.0, budget / size), xycoords=("axes fraction", "data"),
+                    ha="right", va="bottom", color="crimson", fontsize=9)
+    ax.set_ylabel(unit)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def timeline(ax: Axes, series: Mapping[str, Sequence[float]], phases: Sequence[str] = (),
+             *, title: str = "") -> None:
+    """Stacked area of live bytes per category against op index, with phase bands."""
+    totals = [sum(v) for v in zip(*series.values(), strict=True)]
+    unit, size = byte_unit(max(totals) if totals else 0)
+    xs = range(len(totals))
+    ax.stackplot(xs, *[[v / size for v in vals] for vals in series.values()],
+                 labels=list(series), colors=[COLORS.get(k) for k in series], alpha=0.85)
+    shade = {"backward": "#f3e6e6", "optimizer": "#e6e6f3", "recompute": "#f3f0e0"}
+    start = 0
+    for i in range(1, len(phases) + 1):
+        if i == len(phases) or phases[i] != phases[start]:
+            if phases[start] in shade:
+                ax.axvspan(start, i - 1, color=shade[phases[start]], zorder=0)
+                ax.text((start + i - 1) / 2, 0.98, phases[start], transform=ax.get_xaxis_transform(),
+                        ha="center", va="top", fontsize=8, color="#555")
+            start = i
+    ax.set_xlabel("op index (aten ops, in execution order)")
+    ax.set_ylabel(f"live {unit}")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))

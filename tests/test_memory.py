@@ -1,0 +1,221 @@
+"""helpers.memory agrees with independent measurements, on models it has never seen."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+
+from helpers.memory import (
+    CATEGORIES,
+    MemoryTracker,
+    measure_step,
+    new_live_bytes,
+    record_timeline,
+    saved_activation_bytes,
+)
+from helpers.models import GPTBlock, GPTConfig, ResidualMLP
+
+
+class UnseenNet(nn.Module):
+    """A model the helpers were not written for: conv, BatchNorm, tanh, attention-like matmul."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(8, 16, 3, padding=1)
+        self.bn = nn.BatchNorm1d(16)
+        self.mix = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (b, 8, s)
+        h = torch.tanh(self.bn(self.conv(x))).transpose(1, 2)  # (b, s, 16)
+        att = (h @ h.transpose(1, 2) / 4).softmax(-1)
+        return self.out(self.mix(att @ h).sigmoid()).mean(1)
+
+
+def independent_saved_bytes(forward, params: list[torch.Tensor]) -> int:
+    """Distinct storages packed by autograd's saved-tensor hooks, parameters excluded."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    seen.pop(out.untyped_storage().data_ptr(), None)
+    return sum(seen.values())
+
+
+CASES = {
+    "mlp": (lambda: ResidualMLP(32, 64, 3, 8), lambda: torch.randn(16, 32)),
+    "gpt_block": (
+        lambda: GPTBlock(GPTConfig(d_model=64, n_heads=4, seq_len=32, dropout=0.1)),
+        lambda: torch.randn(4, 32, 64),
+    ),
+    "unseen": (UnseenNet, lambda: torch.randn(8, 8, 20)),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_saved_activation_bytes_matches_saved_tensor_hooks(name: str) -> None:
+    build, make_input = CASES[name]
+    model = build().train()
+    fwd = lambda: model(make_input()).sum() * 1.0  # input made inside, like a real batch
+    ours = saved_activation_bytes(fwd)
+    ref = independent_saved_bytes(fwd, list(model.parameters()))
+    assert ref > 0
+    assert abs(ours - ref) <= 0.01 * ref, (ours, ref)
+
+
+def test_saved_bytes_with_dropout_counts_masks() -> None:
+    cfg = GPTConfig(d_model=64, n_heads=4, seq_len=32, dropout=0.1)
+    block = GPTBlock(cfg).train()
+    no_drop = GPTBlock(GPTConfig(d_model=64, n_heads=4, seq_len=32, dropout=0.0)).train()
+    x = torch.randn(4, 32, 64, requires_grad=True)
+    assert saved_activation_bytes(lambda: block(x)) > saved_activation_bytes(lambda: no_drop(x))
+
+
+def _chain(n: int = 6, width: int = 128) -> nn.ModuleList:
+    return nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width))
+                         for _ in range(n))
+
+
+def test_full_checkpointing_keeps_only_the_checkpoint_inputs() -> None:
+    blocks = _chain()
+    x = torch.randn(64, 128, requires_grad=True)
+    inputs: list[torch.Tensor] = []
+
+    def forward() -> torch.Tensor:
+        h = x * 1.0  # a fresh tensor, so the first boundary counts too
+        for block in blocks:
+            inputs.append(h)
+            h = checkpoint(block, h, use_reentrant=False)
+        return h
+
+    saved = saved_activation_bytes(forward)
+    expected = sum(t.untyped_storage().nbytes() for t in inputs)
+    assert abs(saved - expected) <= 0.01 * expected, (saved, expected)
+
+
+def test_selective_checkpointing_lies_between_none_and_full() -> None:
+    blocks = _chain()
+    x = torch.randn(64, 128, requires_grad=True)
+
+    def policy(ctx, op, *args, **kwargs):  # noqa: ANN001
+        save = op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def run(mode: str) -> torch.Tensor:
+        h = x * 1.0
+        for block in blocks:
+            if mode == "none":
+                h = block(h)
+            elif mode == "full":
+                h = checkpoint(block, h, use_reentrant=False)
+            else:
+                ctx = functools.partial(create_selective_checkpoint_contexts, policy)
+                h = checkpoint(block, h, use_reentrant=False, context_fn=ctx)
+        return h
+
+    none, sel, full = (saved_activation_bytes(lambda m=m: run(m)) for m in ("none", "selective", "full"))
+    assert full < sel < none, (full, sel, none)
+
+
+def _adam_step(model: nn.Module, make_input):  # noqa: ANN001
+    opt = torch.optim.Adam(model.parameters())
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        model(make_input()).float().pow(2).mean().backward()
+        opt.step()
+
+    return opt, step
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_breakdown_sums_to_peak_and_agrees_with_memtracker(name: str) -> None:
+    build, make_input = CASES[name]
+    model = build()
+    opt, step = _adam_step(model, make_input)
+    step()  # optimizer state exists from now on
+    mem = measure_step(step, model=model, optimizer=opt)
+    assert set(mem.breakdown) == set(CATEGORIES)
+    assert sum(mem.breakdown.values()) == mem.peak_bytes
+    assert mem.method == "cpu-tracker" and mem.device == "cpu"
+
+    mt = MemTracker()
+    mt.track_external(model, opt)
+    with mt:
+        step()
+    ref = mt.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    assert abs(mem.peak_bytes - ref) <= 0.05 * ref, (mem.peak_bytes, ref)
+
+
+def test_step_categories() -> None:
+    model = ResidualMLP(32, 64, 3, 8)
+    opt, step = _adam_step(model, lambda: torch.randn(16, 32))
+    step()
+    end = record_timeline(step, model=model, optimizer=opt).at(-1)
+    p = sum(q.numel() * 4 for q in model.parameters())
+    assert end["parameters"] == end["gradients"] == p
+    assert 2 * p <= end["optimizer_state"] <= 2 * p + 4 * 64  # + one step counter per tensor
+
+
+def test_no_grad_forward_keeps_nothing() -> None:
+    model = ResidualMLP(32, 64, 3, 8)
+    with torch.no_grad():
+        assert new_live_bytes(lambda: model(torch.randn(16, 32))) == 0
+
+
+def test_tracker_marks_follow_live_memory() -> None:
+    with MemoryTracker() as tracker:
+        a = torch.ones(1000)
+        first = tracker.mark("one tensor")
+        b = torch.ones(1000)
+        second = tracker.mark("two tensors")
+        del a, b
+        third = tracker.mark("none")
+    assert (first, second, third) == (4000, 8000, 0)
+
+
+def test_bad_inputs_get_clear_errors() -> None:
+    model = ResidualMLP(4, 8, 1, 1)
+    with pytest.raises(ValueError, match="step must be a zero-argument callable.*got int"):
+        measure_step(3, model=model)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="model must be a torch.nn.Module"):
+        measure_step(lambda: None, model="model")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="requires grad.*tensor without grad"):
+        saved_activation_bytes(lambda: model(torch.randn(2, 4)).detach())
+    with pytest.raises(ValueError, match="forward must be a zero-argument callable"):
+        saved_activation_bytes(None)  # type: ignore[arg-type]
+
+
+@pytest.mark.cuda
+def test_cuda_tracker_agrees_with_the_caching_allocator() -> None:
+    device = torch.device("cuda")
+    model = ResidualMLP(256, 1024, 4, 256).to(device)
+    opt, step = _adam_step(model, lambda: torch.randn(512, 256, device=device))
+    step()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    timeline = record_timeline(step, model=model, optimizer=opt)
+    torch.cuda.synchronize()
+    allocator_peak = torch.cuda.max_memory_allocated() - before + timeline.total[0]
+    tracked_peak = max(timeline.total)
+    assert abs(tracked_peak - allocator_peak) <= 0.05 * allocator_peak, (tracked_peak, allocator_peak)
+    mem = measure_step(step, model=model, optimizer=opt)
+    assert mem.method == "cuda-allocator" and sum(mem.breakdown.values()) == mem.peak_bytes
+    assert abs(mem.peak_bytes - allocator_peak) <= 0.05 * allocator_peak
