@@ -145,6 +145,7 @@ class MemoryTracker(TorchDispatchMode):
         self.current_bytes = 0
         self._in_optimizer = False
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._finalizers: list[weakref.finalize] = []
 
     # -- bookkeeping -----------------------------------------------------
     def _watch(self, t: torch.Tensor, role: str | None, phase: str) -> None:
@@ -165,7 +166,7 @@ class MemoryTracker(TorchDispatchMode):
         rec = _Record(nbytes=st.nbytes(), born=self.clock, role=role, phase=phase)
         self.live[key] = rec
         self.current_bytes += rec.nbytes
-        weakref.finalize(st, self._freed, key, rec)
+        self._finalizers.append(weakref.finalize(st, self._freed, key, rec))
 
     def _ignore(self, t: torch.Tensor) -> None:
         """Remember a storage that existed before tracking, without counting it."""
@@ -174,7 +175,7 @@ class MemoryTracker(TorchDispatchMode):
             key, st = found
             rec = _Record(nbytes=0, born=self.clock, role="other", phase="before")
             self.live[key] = rec
-            weakref.finalize(st, self._freed, key, rec)
+            self._finalizers.append(weakref.finalize(st, self._freed, key, rec))
 
     def _freed(self, key: int, rec: _Record) -> None:
         if self.live.get(key) is rec:
@@ -243,6 +244,12 @@ class MemoryTracker(TorchDispatchMode):
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        # Record what is already garbage, then stop watching: the finalizers would
+        # otherwise keep this tracker alive as long as the model's parameters.
+        gc.collect()
+        for f in self._finalizers:
+            f.detach()
+        self._finalizers.clear()
 
     def _opt_pre(self, *_: object) -> None:
         self._in_optimizer = True

@@ -219,3 +219,18 @@ def test_cuda_tracker_agrees_with_the_caching_allocator() -> None:
     mem = measure_step(step, model=model, optimizer=opt)
     assert mem.method == "cuda-allocator" and sum(mem.breakdown.values()) == mem.peak_bytes
     assert abs(mem.peak_bytes - allocator_peak) <= 0.05 * allocator_peak
+
+
+def test_tracker_does_not_outlive_its_region() -> None:
+    import gc
+    import weakref
+
+    model = ResidualMLP(8, 16, 2, 1)
+    opt, step = _adam_step(model, lambda: torch.randn(4, 8))
+    tracker = MemoryTracker(model=model, optimizer=opt)
+    ref = weakref.ref(tracker)
+    with tracker:
+        step()
+    del tracker
+    gc.collect()
+    assert ref() is None, "finalizers on the model's storages must not keep the tracker alive"
