@@ -159,6 +159,8 @@ class MemoryTracker(TorchDispatchMode):
         if rec is not None:
             if role is not None and rec.role is None:
                 rec.role = role
+            if rec.phase == "before" and rec.nbytes == 0:
+                return  # a pre-existing storage seen again (a second view of a batch): not counted
             if st.nbytes() > rec.nbytes:  # resized in place
                 self.current_bytes += st.nbytes() - rec.nbytes
                 rec.nbytes = st.nbytes()
@@ -223,7 +225,9 @@ class MemoryTracker(TorchDispatchMode):
         return out
 
     def __enter__(self) -> MemoryTracker:
-        gc.collect()
+        # Objects that exist now are moved out of the collector's sight, so the
+        # collections below only scan what the tracked region creates (fast).
+        gc.freeze()
         if self.model is not None:
             for p in self.model.parameters():
                 self._watch(p, "parameters", "before")
@@ -247,6 +251,7 @@ class MemoryTracker(TorchDispatchMode):
         # Record what is already garbage, then stop watching: the finalizers would
         # otherwise keep this tracker alive as long as the model's parameters.
         gc.collect()
+        gc.unfreeze()
         for f in self._finalizers:
             f.detach()
         self._finalizers.clear()
@@ -266,8 +271,7 @@ class MemoryTracker(TorchDispatchMode):
         return self.current_bytes
 
     def new_live_bytes(self, exclude: Iterable[torch.Tensor] = ()) -> int:
-        """Bytes of storages created inside the region and still alive now."""
-        gc.collect()
+        """Bytes of storages created inside the region and still alive (at exit, if exited)."""
         skip = {k[0] for t in exclude if (k := _storage_key(t)) is not None}
         return sum(
             rec.nbytes
