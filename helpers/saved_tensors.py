@@ -1,0 +1,192 @@
+"""What autograd keeps for one transformer block, and Korthikanti et al.'s formula for it.
+
+- `saved_tensor_table`: every tensor the backward graph of one module holds,
+  op by op, with the submodule that saved it and the formula term it belongs to.
+- `korthikanti_terms`: sbh(34 + 5as/h) term by term, adapted to the bytes per
+  element of activations and of dropout masks.
+- `dropout_mask_bytes`: how many bytes per element this device's dropout keeps.
+
+Lesson 02 reaches these through `helpers.checkpointing`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers.memory import saved_activation_bytes
+
+# Korthikanti et al. 2022, Table/Sec. 4.1: bytes per layer in 16-bit, as
+# (term, coefficient, unit, kind). unit "sbh" or "as2b"; kind "act" (2 bytes
+# per element in 16-bit) or "mask" (dropout mask, 1 byte per element).
+KORTHIKANTI = (
+    ("LayerNorm inputs", 4, "sbh", "act"),
+    ("QKV input", 2, "sbh", "act"),
+    ("Q, K", 4, "sbh", "act"),
+    ("softmax output", 2, "as2b", "act"),
+    ("attention dropout mask", 1, "as2b", "mask"),
+    ("attention dropout output", 2, "as2b", "act"),
+    ("V", 2, "sbh", "act"),
+    ("projection input", 2, "sbh", "act"),
+    ("projection dropout mask", 1, "sbh", "mask"),
+    ("MLP input", 2, "sbh", "act"),
+    ("GELU input", 8, "sbh", "act"),
+    ("fc_out input (GELU output)", 8, "sbh", "act"),
+    ("MLP dropout mask", 1, "sbh", "mask"),
+)
+_DROPOUT_ONLY = {"attention dropout mask", "attention dropout output", "projection dropout mask",
+                 "MLP dropout mask"}
+
+
+def korthikanti_terms(
+    *, s: int, b: int, h: int, a: int, act_bytes: float = 2, mask_bytes: float = 1,
+    dropout: bool = True,
+) -> dict[str, float]:
+    """Bytes per transformer layer, term by term: sbh(34 + 5as/h) for 16-bit.
+
+    `act_bytes` is the element size of activations (2 in the paper, 4 in fp32)
+    and `mask_bytes` that of a dropout mask (1 for a bool mask). Every 2-byte
+    term is scaled by act_bytes / 2. With `dropout=False` the masks and the
+    separate dropout output (then the softmax output itself) are left out.
+    """
+    for name, value in {"s": s, "b": b, "h": h, "a": a}.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if act_bytes <= 0 or mask_bytes <= 0:
+        raise ValueError(f"act_bytes and mask_bytes must be > 0, got {act_bytes}, {mask_bytes}")
+    unit = {"sbh": s * b * h, "as2b": a * s * s * b}
+    out = {}
+    for term, coef, size, kind in KORTHIKANTI:
+        if not dropout and term in _DROPOUT_ONLY:
+            continue
+        # coef counts 2-byte elements for "act" terms and 1-byte elements for masks
+        elements = coef / 2 if kind == "act" else coef
+        out[term] = elements * (act_bytes if kind == "act" else mask_bytes) * unit[size]
+    return out
+
+
+def dropout_mask_bytes(device: torch.device | str = "cpu") -> float:
+    """Measured bytes per element that a training-mode dropout keeps for backward.
+
+    A bool mask (1 byte) on CUDA; on CPU torch keeps a scaled float mask, as
+    many bytes as the activation itself.
+    """
+    x = torch.ones(4096, device=device, requires_grad=True)
+    return saved_activation_bytes(lambda: F.dropout(x, 0.5, training=True)) / x.numel()
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """One tensor autograd saved for backward."""
+
+    module: str  # the submodule whose forward was running when it was saved
+    op: str  # the backward node that keeps it, e.g. "Addmm"
+    field: str  # which of the node's inputs/outputs it is, e.g. "mat1"
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int  # 0 when the same memory was already counted in an earlier row
+    term: str  # Korthikanti term (or "not in the formula: ...")
+
+
+def _term(module: str, op: str, field: str, tensor: torch.Tensor,
+          siblings: Sequence[torch.Tensor], s: int) -> str:
+    leaf = module.rsplit(".", 1)[-1]
+    square = tensor.dim() >= 2 and tuple(tensor.shape[-2:]) == (s, s)
+    if leaf in ("ln1", "ln2"):
+        return "LayerNorm inputs" if tensor.shape[-1] != 1 else "not in the formula: LN mean/rstd"
+    named = {"qkv": "QKV input", "proj": "projection input", "fc": "MLP input",
+             "fc_out": "fc_out input (GELU output)", "attn_drop": "attention dropout mask",
+             "resid_drop": "projection dropout mask", "mlp_drop": "MLP dropout mask"}
+    if leaf in named:
+        return named[leaf]
+    if square and (op.startswith("Mul") or op.startswith("NativeDropout")):
+        return "attention dropout mask"  # fused attention falling back to the math path
+    if op.startswith("Softmax") or op.startswith("SafeSoftmax"):
+        return "softmax output"
+    if op.startswith("Gelu"):
+        return "GELU input"
+    if op.startswith("Bmm"):
+        if square:
+            return "attention dropout output"
+        return "V" if any(tuple(t.shape[-2:]) == (s, s) for t in siblings) else "Q, K"
+    if "Attention" in op:  # fused scaled_dot_product_attention
+        return {"query": "Q, K", "key": "Q, K", "value": "V"}.get(
+            field, "not in the formula: fused-kernel output/logsumexp")
+    return "not in the formula: other"
+
+
+def saved_tensor_table(block: nn.Module, x: torch.Tensor) -> list[SavedTensor]:
+    """Run `block(x)` once in training mode and list every tensor autograd saved.
+
+    The input is copied inside the region, so the block's own input counts (in a
+    stack it is the previous block's output). Parameters and buffers are not
+    activations and are left out. Rows come in forward order; a tensor that
+    shares memory with an earlier row gets `nbytes=0`. `term` maps each row to
+    Korthikanti et al.'s terms for a `helpers.models.GPTBlock`.
+    """
+    if x.dim() != 3:
+        raise ValueError(f"x must be (batch, seq, hidden), got shape {tuple(x.shape)}")
+    state = {t.untyped_storage().data_ptr() for t in [*block.parameters(), *block.buffers()]}
+    names = {m: n for n, m in block.named_modules()}
+    stack: list[str] = []
+    where: dict[tuple[int, int, int], str] = {}
+
+    def enter(module: nn.Module, _: object) -> None:
+        stack.append(names[module])
+
+    def leave(*_: object) -> None:
+        stack.pop()
+
+    hooks = [m.register_forward_pre_hook(enter) for m in names]
+    hooks += [m.register_forward_hook(leave) for m in names]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+        where.setdefault(key, stack[-1] if stack else "")
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = block(x.detach().clone().requires_grad_(x.requires_grad))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    nodes, todo, seen_nodes = [], [out.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen_nodes:
+            continue
+        seen_nodes.add(node)
+        nodes.append(node)
+        todo.extend(n for n, _ in node.next_functions)
+    nodes.sort(key=lambda n: n._sequence_nr())
+    rows, counted = [], set()
+    for node in nodes:
+        op = type(node).__name__.removesuffix("Backward0").removesuffix("Backward1")
+        fields = [(f[len("_saved_"):], getattr(node, f)) for f in dir(node)
+                  if f.startswith("_saved_")]
+        tensors = [(f, t) for f, t in fields if isinstance(t, torch.Tensor)]
+        for field, t in tensors:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in state or t.numel() == 0:
+                continue
+            key = (ptr, t.storage_offset(), t.numel())
+            module = where.get(key, "")
+            nbytes = 0 if key in counted else t.numel() * t.element_size()
+            counted.add(key)
+            term = _term(module, op, field, t, [u for _, u in tensors], x.shape[1])
+            rows.append(SavedTensor(module or "(block)", op, field, tuple(t.shape), str(t.dtype)[6:],
+                                    nbytes, term))
+    return rows
+
+
+def bytes_by_term(rows: Sequence[SavedTensor]) -> dict[str, int]:
+    """Sum the rows of `saved_tensor_table` per Korthikanti term."""
+    out: dict[str, int] = {}
+    for row in rows:
+        out[row.term] = out.get(row.term, 0) + row.nbytes
+    return out
