@@ -1,0 +1,209 @@
+"""Gradient accumulation, measured: gradients as flat vectors, and how they compare.
+
+The public API (other lessons rely on these names):
+
+- `flat_grad(model)`: every parameter's `.grad`, concatenated into one vector.
+- `full_batch_grad(model, loss_fn, inputs, targets)`: the gradient of the mean
+  loss over the whole batch, from one forward and one backward.
+- `accumulated_grad(model, loss_fn, inputs, targets, micro_batch, *, scale=True)`:
+  the same batch cut into micro-batches, one backward per micro-batch, the
+  gradients summed in `.grad`.
+- `compare_grads(reference, candidate)`: how far apart two gradients are.
+
+The lesson's instruments and widgets (memory per micro-step, throughput,
+plots) live in `helpers.accumulation_lab`.
+
+Rules shared by the gradient functions:
+
+- `loss_fn(outputs, targets)` returns the *mean* loss of the examples it is
+  given, as a scalar tensor (e.g. `torch.nn.functional.mse_loss`).
+- Gradients are cleared (`.grad = None`) before they start and again before
+  they return, so a call never sees stale gradients and never leaves any
+  behind. The gradient is returned as a detached float tensor of the
+  parameters' dtype; parameters that get no gradient contribute zeros.
+- They neither reseed nor change `model.train()` / `model.eval()`. With dropout
+  in training mode, two calls draw different masks, so compare them in eval
+  mode (or with dropout=0), or seed right before each call. Forwards in
+  training mode update BatchNorm running statistics; they are not restored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+# -- the public API ------------------------------------------------------------------
+def _trainable(model: nn.Module) -> list[nn.Parameter]:
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("model has no parameters that require grad; nothing to differentiate")
+    return params
+
+
+def clear_grads(model: nn.Module) -> None:
+    """Set every parameter's `.grad` to None (what `zero_grad(set_to_none=True)` does)."""
+    for p in model.parameters():
+        p.grad = None
+
+
+def flat_grad(model: nn.Module) -> torch.Tensor:
+    """All parameters' gradients as one detached 1-D tensor (a copy).
+
+    Parameters that require grad but have `.grad is None` contribute zeros, so
+    the vector always has the same length for the same model. Reads `.grad`
+    only; it does not change it.
+    """
+    params = _trainable(model)
+    parts = [
+        (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
+        for p in params
+    ]
+    return torch.cat(parts).clone()
+
+
+def _check_batch(inputs: torch.Tensor, targets: torch.Tensor) -> int:
+    for name, t in (("inputs", inputs), ("targets", targets)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() == 0:
+            raise ValueError(f"{name} must have a batch dimension, got a 0-d tensor")
+    n = inputs.shape[0]
+    if n == 0:
+        raise ValueError("inputs is empty (0 examples); give at least one example")
+    if targets.shape[0] != n:
+        raise ValueError(
+            f"inputs and targets must have the same length, got {n} inputs "
+            f"and {targets.shape[0]} targets"
+        )
+    return n
+
+
+def full_batch_grad(
+    model: nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """Gradient of `loss_fn(model(inputs), targets)` from one forward and one backward.
+
+    This is the reference that accumulation must reproduce. Grads are cleared
+    before and after (see the module docstring); the model's mode and the RNG
+    are left alone.
+    """
+    _trainable(model)
+    _check_batch(inputs, targets)
+    clear_grads(model)
+    try:
+        loss_fn(model(inputs), targets).backward()
+        return flat_grad(model)
+    finally:
+        clear_grads(model)
+
+
+def micro_batch_sizes(n: int, micro_batch: int) -> list[int]:
+    """Sizes of the micro-batches that cut `n` examples into pieces of `micro_batch`.
+
+    The last piece is smaller when `micro_batch` does not divide `n`.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    _check_micro_batch(micro_batch, n)
+    sizes = [micro_batch] * (n // micro_batch)
+    return sizes + ([n % micro_batch] if n % micro_batch else [])
+
+
+def _check_micro_batch(micro_batch: int, n: int) -> None:
+    if not isinstance(micro_batch, int) or isinstance(micro_batch, bool):
+        raise ValueError(f"micro_batch must be an int, got {type(micro_batch).__name__}")
+    if micro_batch < 1:
+        raise ValueError(f"micro_batch must be at least 1, got {micro_batch}")
+    if micro_batch > n:
+        raise ValueError(
+            f"micro_batch={micro_batch} is larger than the batch ({n} examples); "
+            f"choose 1 <= micro_batch <= {n}"
+        )
+
+
+def accumulated_grad(
+    model: nn.Module,
+    loss_fn: LossFn,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    micro_batch: int,
+    *,
+    scale: bool = True,
+) -> torch.Tensor:
+    """Gradient summed over micro-batches of `micro_batch` examples, one backward each.
+
+    With `scale=True` each micro-batch's mean loss is multiplied by its share
+    of the examples, n_i / N, before backward. With equal micro-batches that
+    is `loss / K` (K = number of micro-batches), and the result equals
+    `full_batch_grad` up to rounding, also when the last micro-batch is
+    smaller. With `scale=False` the raw mean losses are back-propagated, so
+    the result is about K times the full-batch gradient.
+
+    Raises `ValueError` for `micro_batch < 1`, `micro_batch > N`, empty inputs,
+    or inputs and targets of different lengths. Grads are cleared before and
+    after; the model's mode and the RNG are left alone.
+    """
+    _trainable(model)
+    n = _check_batch(inputs, targets)
+    _check_micro_batch(micro_batch, n)
+    clear_grads(model)
+    try:
+        for x, y in zip(inputs.split(micro_batch), targets.split(micro_batch), strict=True):
+            loss = loss_fn(model(x), y)
+            weight = x.shape[0] / n if scale else 1.0
+            (loss * weight).backward()
+        return flat_grad(model)
+    finally:
+        clear_grads(model)
+
+
+@dataclass(frozen=True)
+class GradDiff:
+    """How a candidate gradient differs from a reference gradient.
+
+    - `max_abs`: largest absolute elementwise difference.
+    - `max_rel`: `max_abs` divided by the largest reference magnitude
+      (a relative error that does not blow up on near-zero entries).
+    - `norm_ratio`: ||candidate|| / ||reference|| (K for unscaled accumulation).
+    - `cosine`: cosine of the angle between the two (1.0 = same direction).
+    """
+
+    max_abs: float
+    max_rel: float
+    norm_ratio: float
+    cosine: float
+
+
+def compare_grads(reference: torch.Tensor, candidate: torch.Tensor) -> GradDiff:
+    """Compare two flat gradients (computed in float64); see `GradDiff` for the fields."""
+    for name, t in (("reference", reference), ("candidate", candidate)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if reference.shape != candidate.shape:
+        raise ValueError(
+            f"reference and candidate must have the same shape, got {tuple(reference.shape)} "
+            f"and {tuple(candidate.shape)}"
+        )
+    ref = reference.detach().double().reshape(-1).cpu()
+    cand = candidate.detach().double().reshape(-1).cpu()
+    ref_norm = ref.norm().item()
+    if ref_norm == 0.0 or not math.isfinite(ref_norm):
+        raise ValueError(f"reference gradient must be finite and non-zero, its norm is {ref_norm}")
+    max_abs = (cand - ref).abs().max().item()
+    cand_norm = cand.norm().item()
+    cosine = (ref @ cand).item() / (ref_norm * cand_norm) if cand_norm > 0 else 0.0
+    return GradDiff(
+        max_abs=max_abs,
+        max_rel=max_abs / ref.abs().max().item(),
+        norm_ratio=cand_norm / ref_norm,
+        cosine=cosine,
+    )
