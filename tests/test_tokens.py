@@ -1,0 +1,212 @@
+"""Tests of helpers.tokens: data, the group-normalised loss and its errors, and the key claims."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers.accumulation import compare_grads
+from helpers.tokens import (
+    IGNORE_INDEX,
+    count_valid_tokens,
+    fixed_step,
+    full_batch_step,
+    group_normalised_loss,
+    micro_batch_loss,
+    naive_step,
+    pad_sequences,
+    sequence_lengths,
+    split_micro_batches,
+    tiny_lm,
+    token_weighting_report,
+    variable_length_sequences,
+)
+
+V, L = 16, 12
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return tiny_lm(vocab_size=V, max_len=L, d_model=16, n_layers=1, seed=0)
+
+
+def _samples(n: int = 8, spread: float = 0.8, seed: int = 0):
+    return variable_length_sequences(n, L, V, spread=spread, seed=seed)
+
+
+# -- data --------------------------------------------------------------------------------
+def test_lengths_follow_the_spread() -> None:
+    assert sequence_lengths(50, 20, 0.0) == [20] * 50
+    wide = sequence_lengths(200, 20, 1.0, seed=1)
+    assert min(wide) >= 2 and max(wide) <= 20 and len(set(wide)) > 10
+    half = sequence_lengths(200, 20, 0.5, seed=1)
+    assert min(half) >= 10
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"n": 0}, "n must"), ({"max_len": 1}, "max_len"), ({"spread": 1.5}, "spread")],
+)
+def test_lengths_reject_bad_arguments(kwargs: dict, match: str) -> None:
+    args = {"n": 4, "max_len": 8, "spread": 0.5} | kwargs
+    with pytest.raises(ValueError, match=match):
+        sequence_lengths(args["n"], args["max_len"], args["spread"])
+
+
+def test_padding_marks_labels_and_pads_to_the_longest() -> None:
+    samples = _samples()
+    mb = pad_sequences(samples[:3])
+    longest = max(len(x) for x, _ in samples[:3])
+    assert mb.input_ids.shape == mb.labels.shape == (3, longest)
+    assert mb.labels.dtype == torch.long
+    assert mb.n_tokens == sum(len(x) for x, _ in samples[:3])
+    for row, (x, y) in enumerate(samples[:3]):
+        assert torch.equal(mb.labels[row, : len(y)], y)
+        assert (mb.labels[row, len(y) :] == IGNORE_INDEX).all()
+        assert torch.equal(mb.input_ids[row, : len(x)], x)
+
+
+def test_split_micro_batches() -> None:
+    samples = _samples(10)
+    mbs = split_micro_batches(samples, 4)
+    assert [mb.labels.shape[0] for mb in mbs] == [4, 4, 2]
+    assert sum(mb.n_tokens for mb in mbs) == sum(len(x) for x, _ in samples)
+    for bad in (0, 11):
+        with pytest.raises(ValueError, match="micro_batch"):
+            split_micro_batches(samples, bad)
+    with pytest.raises(ValueError, match="empty"):
+        pad_sequences([])
+
+
+# -- the group-normalised loss -----------------------------------------------------------
+def _group(model: torch.nn.Module):
+    mbs = split_micro_batches(_samples(), 2)
+    return [model(mb.input_ids) for mb in mbs], [mb.labels for mb in mbs]
+
+
+def test_group_loss_equals_the_full_batch_token_mean(model: torch.nn.Module) -> None:
+    samples = _samples()
+    full = pad_sequences(samples)
+    logits = model(full.input_ids)
+    reference = F.cross_entropy(logits.flatten(0, 1), full.labels.flatten(),
+                                ignore_index=IGNORE_INDEX)
+    logits_list, labels_list = _group(model)
+    loss = group_normalised_loss(logits_list, labels_list)
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-6)
+    assert count_valid_tokens(labels_list) == sum(len(x) for x, _ in samples)
+
+
+def test_group_loss_rejects_a_group_without_valid_tokens(model: torch.nn.Module) -> None:
+    logits_list, labels_list = _group(model)
+    empty = [torch.full_like(labels, IGNORE_INDEX) for labels in labels_list]
+    with pytest.raises(ValueError, match="0 valid tokens"):
+        group_normalised_loss(logits_list, empty)
+    with pytest.raises(ValueError, match="empty"):
+        group_normalised_loss([], [])
+
+
+def test_group_loss_rejects_mismatched_shapes(model: torch.nn.Module) -> None:
+    logits_list, labels_list = _group(model)
+    with pytest.raises(ValueError, match="shape"):
+        group_normalised_loss(logits_list, [labels[:, :-1] for labels in labels_list])
+    with pytest.raises(ValueError, match="shape"):
+        group_normalised_loss([lg[..., 0] for lg in logits_list], labels_list)
+    with pytest.raises(ValueError, match="one of each"):
+        group_normalised_loss(logits_list, labels_list[:-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float32, torch.bool])
+def test_group_loss_rejects_labels_of_the_wrong_dtype(
+    model: torch.nn.Module, dtype: torch.dtype
+) -> None:
+    logits_list, labels_list = _group(model)
+    with pytest.raises(ValueError, match="int64"):
+        group_normalised_loss(logits_list, [labels.to(dtype) for labels in labels_list])
+    with pytest.raises(ValueError, match="int64"):
+        count_valid_tokens([labels.to(dtype) for labels in labels_list])
+
+
+def test_micro_batch_loss_rejects_a_bad_count(model: torch.nn.Module) -> None:
+    logits_list, labels_list = _group(model)
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="num_items_in_batch"):
+            micro_batch_loss(logits_list[0], labels_list[0], bad)
+
+
+# -- the claims --------------------------------------------------------------------------
+def test_naive_is_wrong_and_fixed_is_right_with_variable_lengths(model: torch.nn.Module) -> None:
+    samples = _samples(8, spread=0.8)
+    mbs = split_micro_batches(samples, 2)
+    assert len({mb.n_tokens for mb in mbs}) > 1
+    full = full_batch_step(model, samples)
+    naive = compare_grads(full.grad, naive_step(model, mbs).grad)
+    fixed = compare_grads(full.grad, fixed_step(model, mbs).grad)
+    assert naive.max_rel > 1e-3
+    assert fixed.max_rel <= 1e-5
+    assert all(p.grad is None for p in model.parameters()), "steps leave no gradients behind"
+
+
+def test_equal_lengths_make_the_naive_loop_exact(model: torch.nn.Module) -> None:
+    samples = _samples(8, spread=0.0)
+    full = full_batch_step(model, samples)
+    naive = naive_step(model, split_micro_batches(samples, 2))
+    assert compare_grads(full.grad, naive.grad).max_rel <= 1e-5
+    assert naive.loss == pytest.approx(full.loss, rel=1e-6)
+
+
+def test_partial_final_group(model: torch.nn.Module) -> None:
+    group = _samples(4, seed=3)  # the last group: 2 micro-batches where K = 4
+    mbs = split_micro_batches(group, 2)
+    full = full_batch_step(model, group)
+    assert compare_grads(full.grad, fixed_step(model, mbs).grad).max_rel <= 1e-5
+    assert compare_grads(full.grad, naive_step(model, mbs, divide_by=4).grad).norm_ratio < 0.75
+
+
+def test_workers_need_the_global_count_and_a_factor_w(model: torch.nn.Module) -> None:
+    samples, w = _samples(8, seed=5), 4
+    shards = [split_micro_batches(samples[2 * i : 2 * i + 2], 1) for i in range(w)]
+    counts = [count_valid_tokens([mb.labels for mb in s]) for s in shards]
+    full = full_batch_step(model, samples).grad
+
+    def reduced(**kwargs: object) -> torch.Tensor:
+        return torch.stack([fixed_step(model, s, **kwargs).grad for s in shards]).mean(0)
+
+    assert len(set(counts)) > 1
+    assert compare_grads(full, reduced()).max_rel > 1e-3
+    assert compare_grads(full, reduced(num_items_in_batch=sum(counts))).norm_ratio == (
+        pytest.approx(1 / w, rel=1e-5)
+    )
+    right = reduced(num_items_in_batch=sum(counts), scale=float(w))
+    assert compare_grads(full, right).max_rel <= 1e-5
+
+
+# -- the widget's function ---------------------------------------------------------------
+def test_report_is_pure_and_shows_the_bug(model: torch.nn.Module) -> None:
+    before = [p.detach().clone() for p in model.parameters()]
+    r = token_weighting_report(model, 4, 1.0, n_seqs=8, seed=0)
+    again = token_weighting_report(model, 4, 1.0, n_seqs=8, seed=0)
+    assert r == again
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    assert len(r.tokens_per_micro_batch) == 4
+    assert r.naive.max_rel > 1e-3 and r.fixed.max_rel <= 1e-5
+    assert r.fixed_loss == pytest.approx(r.full_loss, rel=1e-5)
+    assert r.loss_gap == pytest.approx(r.naive_loss - r.full_loss)
+    assert token_weighting_report(model, 4, 0.0, n_seqs=8).naive.max_rel <= 1e-5
+    assert token_weighting_report(model, 1, 1.0, n_seqs=8).naive.max_rel <= 1e-5
+
+
+@pytest.mark.parametrize("k", [0, 3, 2.0])
+def test_report_rejects_a_k_that_does_not_divide(model: torch.nn.Module, k: object) -> None:
+    with pytest.raises(ValueError, match="divides"):
+        token_weighting_report(model, k, 0.5, n_seqs=8)  # type: ignore[arg-type]
+
+
+@pytest.mark.cuda
+def test_fix_matches_the_full_batch_on_cuda() -> None:
+    gpu = tiny_lm(vocab_size=V, max_len=L, d_model=32, n_layers=2, seed=0).to("cuda")
+    samples = _samples(16, spread=1.0, seed=7)
+    mbs = split_micro_batches(samples, 2, device="cuda")
+    full = full_batch_step(gpu, samples)
+    assert compare_grads(full.grad, fixed_step(gpu, mbs).grad).max_rel <= 1e-5
+    assert compare_grads(full.grad, naive_step(gpu, mbs).grad).max_rel > 1e-3
