@@ -7,6 +7,8 @@ PY      := $(VENV)/bin/python
 CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
 NBVAL   := --nbval-lax --nbval-current-env --nbval-cell-timeout=600
 HEADLESS := MPLBACKEND=Agg
+# Jupyter refuses to start as root (containers, Colab-like VMs) unless told it is fine.
+LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: setup lab test lint unit notebooks bench gpu clean
 
@@ -19,7 +21,7 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 setup: $(VENV)/.installed  ## create .venv and install the package with its dev tools
 
 lab: setup  ## open JupyterLab on the lessons
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/
 
 test: setup  ## ruff, unit tests, then every notebook under nbval
 	$(VENV)/bin/ruff check .

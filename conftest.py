@@ -1,4 +1,4 @@
-"""nbval guard: a notebook cell that writes to stderr (a warning, a stray log) fails."""
+"""nbval guard for notebooks/: a cell that writes to stderr (a warning, a stray log) fails."""
 
 from __future__ import annotations
 
