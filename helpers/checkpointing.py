@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -170,17 +169,6 @@ class SegmentPoint:
     peak_bytes: int  # largest activation + temporary memory through backward
 
 
-@contextlib.contextmanager
-def _quick_gc() -> Iterator[None]:
-    """Freeze the objects alive now, so the tracker's many gc.collect() calls stay fast."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def segment_sweep(chain: nn.Sequential, x: torch.Tensor, ks: Sequence[int]) -> list[SegmentPoint]:
     """Run forward + backward through `chain` cut into k segments, for each k in `ks`.
 
@@ -192,8 +180,7 @@ def segment_sweep(chain: nn.Sequential, x: torch.Tensor, ks: Sequence[int]) -> l
     """
     for k in ks:
         _check_segments(len(chain), k)
-    with _quick_gc():
-        return [_segment_point(chain, x, k) for k in ks]
+    return [_segment_point(chain, x, k) for k in ks]
 
 
 def _segment_point(chain: nn.Sequential, x: torch.Tensor, k: int) -> SegmentPoint:
@@ -313,12 +300,11 @@ def explore(
         return memory, flops, seconds
 
     key = (n_layers, micro_batch, scale, str(device), seed, repeats)
-    with _quick_gc():
-        if key not in _BASELINES:  # the no-checkpointing step does not depend on policy/every
-            _BASELINES.clear()
-            _BASELINES[key] = measure("none")
-        base, base_flops, base_s = _BASELINES[key]
-        mem, flops, secs = (base, base_flops, base_s) if policy == "none" else measure(policy)
+    if key not in _BASELINES:  # the no-checkpointing step does not depend on policy/every
+        _BASELINES.clear()
+        _BASELINES[key] = measure("none")
+    base, base_flops, base_s = _BASELINES[key]
+    mem, flops, secs = (base, base_flops, base_s) if policy == "none" else measure(policy)
     return Explored(policy, mem, base, flops, base_flops, secs, base_s)
 
 
