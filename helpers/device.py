@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 DEVICES = ("cpu", "cuda")
-SCALES = ("tiny", "small", "full")
+SCALES = ("tiny", "small", "medium", "full")
 
 
 def pick_device() -> torch.device:
@@ -60,11 +60,14 @@ def lesson_scale(device: torch.device | None = None) -> str:
     return "full" if device.type == "cuda" else "small"
 
 
-def by_scale(scale: str, *, tiny: object, small: object, full: object) -> object:
-    """Pick the value for `scale` from three alternatives (one per scale)."""
+def by_scale(scale: str, *, tiny: object, small: object, full: object, medium: object = None) -> object:
+    """Pick the value for `scale`: one alternative per scale.
+
+    `medium` (12-40 GB GPUs) falls back to the `small` value when it is not given.
+    """
     if scale not in SCALES:
         raise ValueError(f"scale={scale!r} is not a scale; choose one of {SCALES}")
-    return {"tiny": tiny, "small": small, "full": full}[scale]
+    return {"tiny": tiny, "small": small, "medium": small if medium is None else medium, "full": full}[scale]
 
 
 def seed_everything(seed: int) -> None:
@@ -132,8 +135,12 @@ class Lesson:
         )
 
 
-def setup_lesson(seed: int = 0) -> Lesson:
+def setup_lesson(seed: int = 0, *, tf32: bool | None = None) -> Lesson:
     """Pick the device and scale, seed everything, and print the environment line.
+
+    `tf32=False` keeps CUDA matmuls and convolutions in true float32, for lessons that
+    compare gradients to 1e-6 (TF32 rounds differently for different batch shapes);
+    `None` leaves torch's settings as they are.
 
     With `LESSONS_STRICT=1` (set by `make test`) any Python warning raised in
     the notebook becomes an error, so that no warning leaks into a lesson.
@@ -142,6 +149,9 @@ def setup_lesson(seed: int = 0) -> Lesson:
     lesson = Lesson(device=device, scale=lesson_scale(device), method=memory_method(device))
     seed_everything(seed)
     torch.set_default_dtype(torch.float32)
+    if tf32 is not None:
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     if os.environ.get("LESSONS_STRICT") == "1":
         warnings.simplefilter("error")
         # Jupyter's own machinery may warn on import; those are not lesson warnings.
