@@ -1,0 +1,877 @@
+"""Data parallelism with real processes: launchers, DDP gradients, batch bookkeeping (lesson 07).
+
+Everything here runs on PyTorch's own distributed engine: gloo between CPU
+processes, NCCL between GPUs when there are at least as many GPUs as workers.
+Nothing is simulated.
+
+Launchers (the plumbing a notebook can trust):
+
+- `WorkerPool(world_size)`: W spawned processes that join one process group
+  through a *file* rendezvous (no port to race for) and stay alive, so a widget
+  can run a new experiment without paying process start-up again.
+  `pool.run(fn, *args)` runs the module-level `fn` on every rank and returns the
+  W results in rank order. `launch(fn, world_size, *args)` is the one-shot form.
+- `run_torchrun(script, world_size, *args)`: runs a worker *script* with
+  `python -m torch.distributed.run --nproc_per_node=W` on a free loopback port,
+  the way people launch it on a cluster. Inside the script, `save_result(obj)`
+  hands a result back and `run_main(main)` reports an exception with its rank.
+
+Both guarantee: when a worker raises, the parent raises `WorkerError` promptly
+with that worker's rank and message (the first failure, not the echoes it
+causes on the other ranks); every worker is killed; no process outlives a
+`timeout_s`; workers also exit on their own if their parent disappears. Worker
+stdout/stderr go to a log that is shown only when something fails, so a
+notebook cell never gets stray stderr.
+
+Lesson tools: `lesson_model` / `bn_model` / `lesson_data` (deterministic, so
+every process builds the same thing), `count_allreduces` (a DDP communication
+hook that counts), `ddp_accumulated_grad`, `check_batch_sizes`, the widget's
+`data_parallel_report` / `draw_report`, and the exercise checkers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import math
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from helpers.accumulation import flat_grad
+from helpers.checks import callable_arg, positive_int, positive_number
+
+__all__ = [
+    "BatchSizes",
+    "DDPGrad",
+    "WorkerError",
+    "WorkerPool",
+    "AllReduceCounter",
+    "DataParallelReport",
+    "bn_model",
+    "check_batch_sizes",
+    "check_exercise_1",
+    "check_exercise_2",
+    "check_exercise_3",
+    "count_allreduces",
+    "data_parallel_report",
+    "ddp_accumulated_grad",
+    "draw_report",
+    "free_port",
+    "group_for",
+    "launch",
+    "lesson_data",
+    "lesson_model",
+    "lesson_sizes",
+    "local_bytes",
+    "max_workers",
+    "mse_loss",
+    "pick_backend",
+    "predicted_peak_bytes",
+    "rank_shards",
+    "run_main",
+    "run_torchrun",
+    "save_result",
+    "shared_pool",
+    "show_data_parallel",
+    "widget_latency_cases",
+]
+
+LOG_TAIL = 3000  # characters of a worker log shown with an error
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed: `rank` (None if unknown) and the worker's `message`."""
+
+    def __init__(self, rank: int | None, message: str) -> None:
+        self.rank, self.message = rank, message
+        where = f"worker rank {rank}" if rank is not None else "a worker"
+        super().__init__(f"{where} failed: {message}")
+
+
+# -- process plumbing ------------------------------------------------------------------
+def _watch_parent(parent_pid: int, cleanup: str | None = None) -> None:
+    """Exit this process as soon as its parent is gone (no orphans after a kernel crash).
+
+    `cleanup`: a folder to delete first (the pool's files, which the dead parent cannot remove).
+    """
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                if cleanup:
+                    shutil.rmtree(cleanup, ignore_errors=True)
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True, name="watch-parent").start()
+
+
+def _redirect_output(log_path: str) -> None:
+    """Send this process's stdout and stderr (Python and C level) to `log_path`."""
+    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+
+
+def _tail(path: Path | str, n: int = LOG_TAIL) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    return text[-n:]
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def pick_backend(world_size: int) -> str:
+    """'nccl' when this machine has at least `world_size` CUDA GPUs, else 'gloo' (CPU)."""
+    positive_int("world_size", world_size)
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def max_workers() -> int:
+    """The most workers the widget offers: the CPU cores (at most 4), or the GPUs under NCCL."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+        return min(torch.cuda.device_count(), 4)
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+# -- a persistent pool -----------------------------------------------------------------
+_GROUPS: dict[int, object] = {}  # in a worker: world size w -> process group of ranks 0..w-1
+
+
+def group_for(world_size: int) -> object:
+    """Inside a pool worker: the process group of ranks 0..world_size-1."""
+    if world_size not in _GROUPS:
+        raise ValueError(f"no group of {world_size} ranks here; this pool has {sorted(_GROUPS)}")
+    return _GROUPS[world_size]
+
+
+def _pool_worker(rank: int, world_size: int, init_file: str, backend: str, tasks: object,
+                 results: object, log_path: str, parent_pid: int) -> None:
+    _redirect_output(log_path)
+    _watch_parent(parent_pid, cleanup=os.path.dirname(log_path) if rank == 0 else None)
+    torch.set_num_threads(1)
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
+                                world_size=world_size)
+        for w in range(1, world_size + 1):  # new_group is collective: every rank creates every group
+            _GROUPS[w] = dist.group.WORLD if w == world_size else dist.new_group(list(range(w)))
+        results.put((rank, "ready", b""))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        return
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        fn, args, kwargs = task
+        try:
+            buf = io.BytesIO()
+            torch.save(fn(*args, **kwargs), buf)
+            results.put((rank, "ok", buf.getvalue()))
+        except BaseException as exc:  # noqa: BLE001
+            results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
+def _shutdown(procs: list, task_queues: list, workdir: str) -> None:
+    for q in task_queues:
+        with contextlib.suppress(Exception):
+            q.put(None)
+    procs = [p for p in procs if p.pid is not None]  # a failed start leaves some unstarted
+    deadline = time.monotonic() + 3.0
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(2.0)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+class WorkerPool:
+    """W worker processes in one process group, kept alive between `run` calls.
+
+    `run(fn, *args, **kwargs)` sends the module-level callable `fn` to every
+    rank, runs it there and returns the W results in rank order. Inside `fn`,
+    `torch.distributed` is initialised (file rendezvous, `backend` from
+    `pick_backend`), and `group_for(w)` gives the group of ranks 0..w-1, so one
+    pool serves every W up to its size. A failure on any rank raises
+    `WorkerError(rank, message)` in the parent and closes the pool (its peers
+    may be stuck in a collective); a run longer than `timeout_s` raises
+    `TimeoutError` and closes it too. Use it as a context manager, or call
+    `close()`; it is also closed at interpreter exit.
+    """
+
+    def __init__(self, world_size: int, *, timeout_s: float = 120.0, backend: str | None = None) -> None:
+        self.world_size = positive_int("world_size", world_size)
+        self.timeout_s = positive_number("timeout_s", timeout_s)
+        self.backend = backend or pick_backend(world_size)
+        self._workdir = tempfile.mkdtemp(prefix="lesson07-pool-")
+        ctx = mp.get_context("spawn")
+        self._results = ctx.Queue()
+        self._tasks = [ctx.Queue() for _ in range(world_size)]
+        self._logs = [os.path.join(self._workdir, f"rank{r}.log") for r in range(world_size)]
+        init_file = os.path.join(self._workdir, "rendezvous")
+        self._procs = [
+            ctx.Process(target=_pool_worker, daemon=True, name=f"lesson07-rank{r}",
+                        args=(r, world_size, init_file, self.backend, self._tasks[r], self._results,
+                              self._logs[r], os.getpid()))
+            for r in range(world_size)
+        ]
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._tasks, self._workdir)
+        for p in self._procs:
+            p.start()
+        self._collect(expect="ready", timeout_s=self.timeout_s)
+
+    @property
+    def closed(self) -> bool:
+        """True once the pool has been closed (explicitly, after a failure, or a timeout)."""
+        return not self._finalizer.alive
+
+    @property
+    def pids(self) -> list[int]:
+        """The workers' process ids."""
+        return [p.pid for p in self._procs]
+
+    def close(self) -> None:
+        """Stop every worker (politely, then by force) and delete the pool's files."""
+        self._finalizer()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fail(self, error: Exception) -> None:
+        logs = {r: _tail(p) for r, p in enumerate(self._logs)}
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+        self.close()
+        if isinstance(error, WorkerError) and error.rank is not None and logs.get(error.rank):
+            error.add_note(f"rank {error.rank} log (tail):\n{logs[error.rank]}")
+        raise error
+
+    def _collect(self, *, expect: str, timeout_s: float) -> list[object]:
+        out: dict[int, object] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(out) < self.world_size:
+            try:
+                rank, status, payload = self._results.get(timeout=0.05)
+            except queue.Empty:
+                for r, p in enumerate(self._procs):
+                    if not p.is_alive():
+                        self._fail(WorkerError(r, f"process exited with code {p.exitcode} without a result"))
+                if time.monotonic() > deadline:
+                    self._fail(TimeoutError(
+                        f"the {self.world_size} workers did not all finish within {timeout_s:g} s "
+                        f"(finished: ranks {sorted(out)}); every worker was killed"))
+                continue
+            if status == "error":
+                # A peer that died first is the root cause; this error may only be its echo.
+                dead = [r for r, p in enumerate(self._procs) if r != rank and not p.is_alive()]
+                if dead:
+                    error = WorkerError(dead[0], f"process exited with code {self._procs[dead[0]].exitcode}")
+                    error.add_note(f"rank {rank} then failed: {payload.splitlines()[0]}")
+                    self._fail(error)
+                self._fail(WorkerError(rank, payload))
+            out[rank] = (torch.load(io.BytesIO(payload), weights_only=False)
+                         if expect == "ok" else payload)
+        return [out[r] for r in range(self.world_size)]
+
+    def run(self, fn: Callable[..., object], *args: object, timeout_s: float | None = None,
+            **kwargs: object) -> list[object]:
+        """Run `fn(*args, **kwargs)` on every rank; return the results in rank order."""
+        callable_arg("fn", fn, "a module-level function (it is pickled to the workers)")
+        if self.closed:
+            raise RuntimeError("this WorkerPool is closed (after close(), a failure or a timeout); "
+                               "start a new one")
+        for q in self._tasks:
+            q.put((fn, args, kwargs))
+        return self._collect(expect="ok", timeout_s=timeout_s or self.timeout_s)
+
+
+def launch(fn: Callable[..., object], world_size: int, *args: object, timeout_s: float = 120.0,
+           **kwargs: object) -> list[object]:
+    """Start `world_size` workers, run `fn(*args, **kwargs)` on each, stop them, return the results."""
+    with WorkerPool(world_size, timeout_s=timeout_s) as pool:
+        return pool.run(fn, *args, **kwargs)
+
+
+_SHARED: dict[int, WorkerPool] = {}
+
+
+def shared_pool(world_size: int | None = None) -> WorkerPool:
+    """A pool of `world_size` (default `max_workers()`) workers, started once per process and reused."""
+    w = max_workers() if world_size is None else positive_int("world_size", world_size)
+    pool = _SHARED.get(w)
+    if pool is None or pool.closed:
+        pool = _SHARED[w] = WorkerPool(w)
+    return pool
+
+
+atexit.register(lambda: [p.close() for p in list(_SHARED.values())])
+
+
+# -- torchrun --------------------------------------------------------------------------
+RESULTS_ENV = "LESSONS_RESULTS_DIR"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _results_dir() -> Path:
+    path = os.environ.get(RESULTS_ENV)
+    if not path:
+        raise RuntimeError(f"{RESULTS_ENV} is not set: start this script with "
+                           "helpers.distributed.run_torchrun")
+    return Path(path)
+
+
+def save_result(obj: object) -> None:
+    """In a worker script: hand `obj` back to `run_torchrun` (one result per rank)."""
+    torch.save(obj, _results_dir() / f"rank{int(os.environ['RANK'])}.pt")
+
+
+def run_main(main: Callable[[], object]) -> None:
+    """In a worker script: run `main()`; on an exception, record rank + message and exit 1.
+
+    Also records the process id (so the parent can make sure it is gone) and
+    exits if the launcher that started this process disappears.
+    """
+    rank, out = int(os.environ.get("RANK", "0")), _results_dir()
+    (out / f"rank{rank}.pid").write_text(str(os.getpid()))
+    _watch_parent(os.getppid())
+    try:
+        main()
+    except BaseException as exc:  # noqa: BLE001 - recorded, then the process exits non-zero
+        (out / f"rank{rank}.error").write_text(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        sys.stderr.write(traceback.format_exc())
+        sys.stderr.flush()
+        os._exit(1)  # do not wait for collectives that will never finish
+
+
+def _first_error(out: Path) -> WorkerError | None:
+    errors = sorted(out.glob("rank*.error"), key=lambda p: p.stat().st_mtime_ns)
+    if not errors:
+        return None
+    rank = int(errors[0].stem.removeprefix("rank"))
+    return WorkerError(rank, errors[0].read_text())
+
+
+def run_torchrun(script: str | os.PathLike, world_size: int, *script_args: str,
+                 timeout_s: float = 180.0) -> list[object]:
+    """Run `script` under `python -m torch.distributed.run --nproc_per_node=world_size`.
+
+    Rendezvous on 127.0.0.1 at a free port; `OMP_NUM_THREADS=1`; the repository
+    root on `PYTHONPATH` so the script can import `helpers`. The script calls
+    `save_result(obj)` on each rank (inside `run_main(main)`); the results come
+    back in rank order. The launcher's and workers' output goes to a log that is
+    attached to any error. Raises `WorkerError` (rank and message of the first
+    failure) when a worker raised, `TimeoutError` after `timeout_s`; in both cases
+    the launcher and every worker are gone when it returns.
+    """
+    script = Path(script)
+    if not script.is_file():
+        raise ValueError(f"script {str(script)!r} does not exist")
+    positive_int("world_size", world_size)
+    positive_number("timeout_s", timeout_s)
+    out = Path(tempfile.mkdtemp(prefix="lesson07-torchrun-"))
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, **{RESULTS_ENV: str(out), "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
+    env.pop("LESSONS_STRICT", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world_size}",
+           "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+           "--monitor_interval=0.1", str(script), *map(str, script_args)]
+    log_path = out / "torchrun.log"
+    try:
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True)
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                code = None
+            finally:
+                _stop_group(proc)
+                for pid_file in out.glob("rank*.pid"):
+                    _kill(int(pid_file.read_text()))
+        if code is None:
+            raise TimeoutError(f"{script.name} did not finish within {timeout_s:g} s; the launcher and "
+                               f"every worker were killed. Log tail:\n{_tail(log_path)}")
+        error = _first_error(out)
+        if error is not None:
+            raise error
+        if code != 0:
+            raise WorkerError(None, f"torchrun exited with code {code}. Log tail:\n{_tail(log_path)}")
+        missing = [r for r in range(world_size) if not (out / f"rank{r}.pt").exists()]
+        if missing:
+            raise WorkerError(missing[0], f"ranks {missing} finished without calling save_result(...)")
+        return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the launcher's process group (torchrun then stops its workers), then SIGKILL."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+# -- the lesson's model, data and counting hook ------------------------------------------
+SIZES = {  # scale -> model width; the lesson is about communication, so models stay small everywhere
+    "tiny": 32, "small": 64, "medium": 128, "full": 256,
+}
+D_IN, D_OUT, DEPTH = 16, 4, 2
+
+
+def lesson_model(width: int = 64, depth: int = DEPTH) -> nn.Module:
+    """A small `ResidualMLP` (16 -> width x depth blocks -> 4), the same on every rank (seed 0).
+
+    Module-level and argument-free by default, so a worker can rebuild it from a
+    pickled reference (`functools.partial(lesson_model, width=...)` also pickles).
+    The global RNG is left untouched.
+    """
+    from helpers.models import ResidualMLP
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return ResidualMLP(D_IN, positive_int("width", width), positive_int("depth", depth), D_OUT)
+
+
+def bn_model(width: int = 32) -> nn.Module:
+    """Linear -> BatchNorm1d -> ReLU -> Linear (16 -> width -> 4), seed 0, for the BatchNorm section."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        w = positive_int("width", width)
+        return nn.Sequential(nn.Linear(D_IN, w), nn.BatchNorm1d(w), nn.ReLU(), nn.Linear(w, D_OUT))
+
+
+def lesson_data(n: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`n` regression examples (16 features -> 4 targets), identical in every process for a seed."""
+    from helpers.data import regression_batch
+
+    return regression_batch(positive_int("n", n), D_IN, D_OUT, seed=seed)
+
+
+def mse_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean squared error over the examples given (a picklable, module-level loss)."""
+    return nn.functional.mse_loss(outputs, targets)
+
+
+@dataclass
+class AllReduceCounter:
+    """State of the counting communication hook: `calls` = bucket all-reduces so far."""
+
+    group: object = None
+    calls: int = 0
+
+
+def _counting_allreduce(state, bucket):  # no annotations: DDP checks real ones, and this module's are strings
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    state.calls += 1
+    return default_hooks.allreduce_hook(state.group, bucket)  # DDP's own all-reduce, then / W
+
+
+def count_allreduces(ddp_model: nn.Module) -> AllReduceCounter:
+    """Register a DDP communication hook on `ddp_model` that counts its gradient all-reduces.
+
+    The hook does exactly what DDP does without a hook (all-reduce each bucket,
+    divide by the group size), and adds one to `counter.calls` per bucket. Call
+    it once, before the first backward. The lesson's models fit in one bucket,
+    so one count is one synchronised backward.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if not isinstance(ddp_model, DDP):
+        raise TypeError(f"ddp_model must be a DistributedDataParallel, got {type(ddp_model).__name__}")
+    counter = AllReduceCounter(group=ddp_model.process_group)
+    ddp_model.register_comm_hook(counter, _counting_allreduce)
+    return counter
+
+
+def rank_shards(n: int, micro_batch: int, accumulation_steps: int, world_size: int) -> list[list[list[int]]]:
+    """Example indices for rank r, micro-step k: `shards[r][k]` (contiguous blocks of B).
+
+    Rank r takes examples [r*B*K, (r+1)*B*K), cut into K micro-batches of B, so
+    each of the n = B x K x W examples is used exactly once.
+    """
+    sizes = check_batch_sizes(n, micro_batch, accumulation_steps, world_size)
+    b, k = sizes.micro_batch, sizes.accumulation_steps
+    return [[list(range((r * k + s) * b, (r * k + s + 1) * b)) for s in range(k)] for r in range(world_size)]
+
+
+# -- B x K x W with real DDP ---------------------------------------------------------------
+@dataclass(frozen=True)
+class DDPGrad:
+    """One update of DDP + accumulation, as every rank saw it.
+
+    - `grad`: rank 0's flat gradient after the update (`flat_grad` form);
+    - `allreduce_calls`: gradient all-reduces during the update (DDP hook count);
+    - `synced_steps`: per micro-step, whether its backward all-reduced;
+    - `ranks_agree`: every rank holds the same gradient (`rank_spread` = largest difference);
+    - `indices`: per rank, per micro-step, the example indices it used.
+    """
+
+    grad: torch.Tensor
+    allreduce_calls: int
+    synced_steps: list[bool]
+    ranks_agree: bool
+    rank_spread: float
+    indices: list[list[list[int]]] = field(repr=False)
+
+
+def _ddp_worker(model_fn: Callable[[], nn.Module], loss_fn: Callable, inputs: torch.Tensor,
+                targets: torch.Tensor, micro_batch: int, k: int, w: int, no_sync: bool,
+                same_data: bool) -> dict | None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = dist.get_rank()
+    if rank >= w:
+        return None  # this pool is larger than the requested W
+    group = group_for(w)
+    dev = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    model = model_fn().to(dev)
+    ddp = DDP(model, process_group=group, device_ids=[rank] if dev.type == "cuda" else None)
+    counter = count_allreduces(ddp)
+    shards = rank_shards(inputs.shape[0], micro_batch, k, w)
+    mine = shards[0 if same_data else rank]
+    synced = []
+    for step, idx in enumerate(mine):
+        before = counter.calls
+        quiet = no_sync and step < k - 1
+        with ddp.no_sync() if quiet else contextlib.nullcontext():  # forward AND backward inside
+            loss = loss_fn(ddp(inputs[idx].to(dev)), targets[idx].to(dev)) / k
+            loss.backward()
+        synced.append(counter.calls > before)
+    grad = flat_grad(model).cpu()
+    everyone = [torch.empty_like(grad) for _ in range(w)]
+    dist.all_gather(everyone, grad, group=group)  # not a gradient all-reduce: the hook does not see it
+    spread = max((g - grad).abs().max().item() for g in everyone)
+    return {"grad": grad, "calls": counter.calls, "synced": synced, "spread": spread, "indices": mine}
+
+
+def ddp_accumulated_grad(
+    model_fn: Callable[[], nn.Module],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    micro_batch: int,
+    accumulation_steps: int,
+    world_size: int,
+    no_sync: bool = True,
+    same_data: bool = False,
+    timeout_s: float = 120.0,
+    pool: WorkerPool | None = None,
+) -> DDPGrad:
+    """The gradient of one update of K micro-steps on W real DDP workers (gloo on CPU).
+
+    Each worker builds `model_fn()` (a picklable, module-level callable) after
+    the process group is initialised, wraps it in `DistributedDataParallel`,
+    counts its all-reduces with `count_allreduces`, and runs K micro-steps on its
+    own examples (`rank_shards`: every example of `inputs` exactly once), each
+    backward on `loss_fn(...) / K`. DDP's all-reduce averages over W, so the
+    result is the gradient of the mean loss over all B x K x W examples.
+    `no_sync=True` wraps the first K-1 micro-steps (forward and backward) in
+    `no_sync()`: one all-reduce per update instead of K. `same_data=True` gives
+    every rank rank 0's examples, the classic data-loading bug (no
+    `DistributedSampler`). Runs on `pool` (default: the shared pool, started on
+    first use).
+    """
+    callable_arg("model_fn", model_fn)
+    callable_arg("loss_fn", loss_fn)
+    if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        raise TypeError("inputs and targets must be torch.Tensors")
+    if inputs.shape[0] != targets.shape[0]:
+        raise ValueError(f"inputs ({inputs.shape[0]}) and targets ({targets.shape[0]}) differ in length")
+    for name, flag in (("no_sync", no_sync), ("same_data", same_data)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    check_batch_sizes(inputs.shape[0], micro_batch, accumulation_steps, world_size)
+    if pool is None:
+        pool = shared_pool(max(world_size, max_workers()))
+    if world_size > pool.world_size:
+        raise ValueError(f"world_size={world_size} is larger than the pool ({pool.world_size} workers)")
+    out = pool.run(_ddp_worker, model_fn, loss_fn, inputs.detach().cpu(), targets.detach().cpu(),
+                   micro_batch, accumulation_steps, world_size, no_sync, same_data, timeout_s=timeout_s)
+    ranks = out[:world_size]
+    return DDPGrad(
+        grad=ranks[0]["grad"], allreduce_calls=ranks[0]["calls"], synced_steps=ranks[0]["synced"],
+        ranks_agree=max(r["spread"] for r in ranks) == 0.0, rank_spread=max(r["spread"] for r in ranks),
+        indices=[r["indices"] for r in ranks],
+    )
+
+
+# -- batch bookkeeping ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class BatchSizes:
+    """train_batch = micro_batch x accumulation_steps x world_size (B_eff = B x K x W)."""
+
+    train_batch: int
+    micro_batch: int
+    accumulation_steps: int
+    world_size: int
+
+    def __str__(self) -> str:
+        return (f"{self.micro_batch} (B) x {self.accumulation_steps} (K) x {self.world_size} (W) "
+                f"= {self.train_batch} examples per update")
+
+
+def check_batch_sizes(train_batch: int | None = None, micro_batch: int | None = None,
+                      accumulation_steps: int | None = None, world_size: int | None = None) -> BatchSizes:
+    """Infer the 4th of (train batch, micro-batch, accumulation steps, world size) from 3, or check all 4.
+
+    In the spirit of DeepSpeed's "train_batch_size is not equal to
+    micro_batch_per_gpu * gradient_acc_step * world_size": an inconsistent set,
+    or a fourth value that would not be a whole number, raises `ValueError`
+    showing every number given. Each given value must be a positive int
+    (`TypeError` for a float or bool).
+    """
+    given = {"train_batch": train_batch, "micro_batch": micro_batch,
+             "accumulation_steps": accumulation_steps, "world_size": world_size}
+    for name, value in given.items():
+        if value is not None:
+            positive_int(name, value)
+    shown = ", ".join(f"{n}={v}" for n, v in given.items() if v is not None) or "nothing"
+    missing = [n for n, v in given.items() if v is None]
+    if len(missing) > 1:
+        raise ValueError(f"give at least three of the four batch sizes; got {shown} "
+                         f"({' and '.join(missing)} missing)")
+    if missing == ["train_batch"]:
+        given["train_batch"] = micro_batch * accumulation_steps * world_size
+    elif missing:
+        factors = [v for n, v in given.items() if n not in ("train_batch", missing[0])]
+        product = math.prod(factors)
+        if train_batch % product:
+            raise ValueError(
+                f"Check batch related parameters: with {shown}, {missing[0]} would be "
+                f"{train_batch} / {' x '.join(map(str, factors))} = {train_batch / product:.4g}, "
+                "not a whole number")
+        given[missing[0]] = train_batch // product
+    sizes = BatchSizes(**given)  # type: ignore[arg-type]
+    product = sizes.micro_batch * sizes.accumulation_steps * sizes.world_size
+    if sizes.train_batch != product:
+        raise ValueError(
+            f"Check batch related parameters: train_batch={sizes.train_batch} is not equal to "
+            f"micro_batch x accumulation_steps x world_size = {sizes.micro_batch} x "
+            f"{sizes.accumulation_steps} x {sizes.world_size} = {product} (given: {shown})")
+    return sizes
+
+
+def local_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes this rank stores for `tensors`: a sharded DTensor counts only its local shard."""
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        local = t.to_local() if hasattr(t, "to_local") else t
+        total += local.numel() * local.element_size()
+    return total
+
+
+# -- widget ----------------------------------------------------------------------------------
+def lesson_sizes(scale: str) -> dict[str, int]:
+    """The lesson's default B, K, W and model width at `scale` (W: 2, or the GPUs under NCCL)."""
+    from helpers.device import by_scale
+
+    bk = by_scale(scale, tiny=(2, 2), small=(4, 4), medium=(8, 4), full=(8, 4))
+    return {"B": bk[0], "K": bk[1], "W": min(2, max_workers()) if max_workers() < 4 else max_workers(),
+            "width": SIZES[scale]}
+
+
+@dataclass(frozen=True)
+class DataParallelReport:
+    """One widget answer: the sizes, all-reduces per update both ways, and the gradient match."""
+
+    sizes: BatchSizes
+    calls_no_sync: int
+    calls_every_step: int
+    diff: object  # helpers.accumulation.GradDiff against one process on the full batch
+    ranks_agree: bool
+
+
+def data_parallel_report(micro_batch: int, accumulation_steps: int, world_size: int, *, width: int = 64,
+                         pool: WorkerPool | None = None, seed: int = 0) -> DataParallelReport:
+    """Run one update of B x K x W on real DDP workers, with and without no_sync; compare to one process."""
+    import functools
+
+    from helpers.accumulation import compare_grads, full_batch_grad
+
+    sizes = check_batch_sizes(None, micro_batch, accumulation_steps, world_size)
+    x, y = lesson_data(sizes.train_batch, seed=seed)
+    model_fn = functools.partial(lesson_model, width)
+    ref = full_batch_grad(model_fn(), mse_loss, x, y)
+    kw = dict(micro_batch=micro_batch, accumulation_steps=accumulation_steps, world_size=world_size,
+              pool=pool)
+    quiet = ddp_accumulated_grad(model_fn, mse_loss, x, y, no_sync=True, **kw)
+    loud = ddp_accumulated_grad(model_fn, mse_loss, x, y, no_sync=False, **kw)
+    return DataParallelReport(sizes, quiet.allreduce_calls, loud.allreduce_calls,
+                              compare_grads(ref, quiet.grad), quiet.ranks_agree and loud.ranks_agree)
+
+
+def draw_report(report: DataParallelReport) -> object:
+    """Left: who computes which examples (W ranks x K micro-steps of B). Right: all-reduces per update."""
+    from matplotlib.patches import Rectangle
+
+    from helpers import plots
+
+    s = report.sizes
+    fig, (left, right) = plots.figure(2, width=9.0, height=3.2)
+    colors = ["#4C72B0", "#DD8452", "#55A868", "#8172B2"]
+    for r in range(s.world_size):
+        for k in range(s.accumulation_steps):
+            alpha = 0.3 + 0.6 * (k + 1) / s.accumulation_steps
+            color = colors[r % len(colors)]
+            left.add_patch(Rectangle((k + 0.05, r + 0.05), 0.9, 0.9, color=color, alpha=alpha))
+            if s.accumulation_steps <= 8:
+                left.text(k + 0.5, r + 0.5, f"B={s.micro_batch}", ha="center", va="center", fontsize=8)
+    left.set_xlim(0, s.accumulation_steps)
+    left.set_ylim(s.world_size, 0)
+    left.set_xlabel("micro-step (K)")
+    left.set_ylabel("worker rank (W)")
+    left.set_title(f"B x K x W = {s.micro_batch} x {s.accumulation_steps} x {s.world_size} = {s.train_batch}")
+    left.grid(False)
+    labels = ["no_sync on K-1\nmicro-steps", "sync every\nmicro-step"]
+    values = [report.calls_no_sync, report.calls_every_step]
+    right.bar(labels, values, color=["#55A868", "#C44E52"])
+    for i, v in enumerate(values):
+        right.annotate(str(v), (i, v), ha="center", va="bottom")
+    right.set_ylabel("gradient all-reduces per update")
+    right.set_ylim(0, max(values) * 1.25 + 0.5)
+    right.set_title(f"vs one process: max_rel {report.diff.max_rel:.1e}")
+    return fig
+
+
+def show_data_parallel(micro_batch: int = 4, accumulation_steps: int = 4, world_size: int = 2,
+                       *, width: int = 64) -> DataParallelReport:
+    """The widget's work: measure with `data_parallel_report` on the shared pool, print and draw it."""
+    from helpers import plots
+
+    report = data_parallel_report(micro_batch, accumulation_steps, world_size, width=width)
+    s = report.sizes
+    match = "matches" if report.diff.max_rel <= 1e-5 else "does NOT match"
+    print(f"effective batch B x K x W = {s.micro_batch} x {s.accumulation_steps} x {s.world_size} = "
+          f"{s.train_batch} | all-reduces per update: {report.calls_no_sync} with no_sync, "
+          f"{report.calls_every_step} without | gradient {match} one process on {s.train_batch} examples "
+          f"(max_rel {report.diff.max_rel:.1e}) | ranks agree: {report.ranks_agree}")
+    plots.show(draw_report(report))
+    return report
+
+
+# -- the lesson protocol -----------------------------------------------------------------------
+def _mlp_params(width: int) -> int:
+    per_block = 2 * width + (width * 4 * width + 4 * width) + (4 * width * width + width)
+    return (D_IN * width + width) + DEPTH * per_block + (width * D_OUT + D_OUT)
+
+
+def predicted_peak_bytes(scale: str) -> int:
+    """Predicted peak of the lesson's largest experiment at `scale`, summed over the W processes.
+
+    Per process: the fp32 model with gradients and Adam's two moments (16 bytes
+    per parameter, the figure lesson 01 measures) plus the activations of one
+    micro-batch (4 bytes x depth x 11 x width per example: LayerNorm, fc1, GELU
+    and fc2 outputs of each block). The experiments are small at every scale:
+    this lesson is about communication, not memory.
+    """
+    from helpers.device import SCALES
+
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r} is not a scale; choose one of {SCALES}")
+    sizes = lesson_sizes(scale)
+    w = sizes["width"]
+    per_process = 16 * _mlp_params(w) + 4 * sizes["B"] * DEPTH * 11 * w
+    return sizes["W"] * per_process
+
+
+def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:
+    """One callable per slider move of the lesson's widget (B, K and W), on the shared worker pool.
+
+    The target for this lesson is 2 s per move, not 1 s: every move runs two
+    real DDP updates (with and without `no_sync`) across worker processes.
+    Building the cases starts the pool (process start-up is paid once, here).
+    """
+    sizes = lesson_sizes(scale)
+    b, k, w, width = sizes["B"], sizes["K"], sizes["W"], sizes["width"]
+    shared_pool(max(w, max_workers()))
+
+    def move(bb: int, kk: int, ww: int) -> Callable[[], object]:
+        return lambda: show_data_parallel(bb, kk, ww, width=width)
+
+    return {
+        f"B={b * 2}": move(b * 2, k, w), "B=1": move(1, k, w),
+        "K=1": move(b, 1, w), f"K={k * 2}": move(b, k * 2, w),
+        "W=1": move(b, k, 1), f"W={max_workers()}": move(b, k, max_workers()),
+    }
+
+
+# -- exercises ---------------------------------------------------------------------------------
+def check_exercise_1(answer: object) -> str:
+    """Exercise 1: train batch 1024 on 16 GPUs with micro-batch 8: how many accumulation steps?"""
+    right = check_batch_sizes(1024, 8, None, 16).accumulation_steps
+    if answer == right:
+        return f"Correct: 1024 / (8 x 16) = {right} accumulation steps."
+    return ("Not yet: the train batch is B x K x W. Divide 1024 by the micro-batch and by the number "
+            "of GPUs (check_batch_sizes(1024, 8, None, 16) does it for you).")
+
+
+def check_exercise_2(answer: object) -> str:
+    """Exercise 2: flag set after the forward, K = 8: (all-reduces per update, micro-step that syncs)?"""
+    if isinstance(answer, tuple) and len(answer) == 2 and tuple(answer) == (1, 0):
+        return ("Correct: one all-reduce, on micro-step 0 (its forward ran while the flag was still True "
+                "from the previous update); micro-steps 1-7 stay local, so the ranks disagree.")
+    return ("Not yet: answer a tuple (count, micro_step). DDP decides at the *forward* whether the next "
+            "backward all-reduces. Which forwards run while require_backward_grad_sync is True?")
+
+
+def check_exercise_3(answer: object) -> str:
+    """Exercise 3: 1 GB of fp32 weights, Adam, FSDP over W=4: GB of weights+grads+Adam state per rank?"""
+    if isinstance(answer, int | float) and not isinstance(answer, bool) and abs(answer - 1.0) <= 0.05:
+        return ("Correct: weights 1 + gradients 1 + Adam's two moments 2 = 4 GB, and FSDP keeps a quarter "
+                "of each on each of 4 ranks: 1 GB. Accumulating with sync off adds the unsharded gradients "
+                "(1 GB more) between micro-steps.")
+    return ("Not yet: count weights, gradients and Adam's two moments (each the size of the weights), "
+            "then divide by the number of ranks, as the FSDP section measured.")
