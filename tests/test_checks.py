@@ -1,0 +1,68 @@
+"""helpers.checks: wrong types raise TypeError, bad values ValueError, with clear messages."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from helpers import checks
+
+
+@pytest.mark.parametrize("fn", [checks.positive_int, checks.non_negative_int])
+@pytest.mark.parametrize("bad", [True, 2.0, "3", None])
+def test_int_checks_refuse_other_types(fn, bad) -> None:  # noqa: ANN001
+    with pytest.raises(TypeError, match=f"x must be .*int, got {type(bad).__name__}"):
+        fn("x", bad)
+    with pytest.raises(ValueError):  # still a ValueError for callers that catch bad arguments as one
+        fn("x", bad)
+
+
+def test_positive_int() -> None:
+    assert checks.positive_int("n", 3) == 3
+    with pytest.raises(ValueError, match="n must be a positive int, got 0") as info:
+        checks.positive_int("n", 0)
+    assert not isinstance(info.value, TypeError)
+
+
+def test_non_negative_and_ranges() -> None:
+    assert checks.non_negative_int("seed", 0) == 0
+    with pytest.raises(ValueError, match="seed must be a non-negative int, got -1"):
+        checks.non_negative_int("seed", -1)
+    assert checks.int_at_least("k", 2, 2) == 2
+    with pytest.raises(ValueError, match="k must be an int >= 2, got 1"):
+        checks.int_at_least("k", 1, 2)
+    assert checks.int_in_range("k", 4, 1, 4) == 4
+    with pytest.raises(ValueError, match=r"k must be an int in \[1, 4\], got 5"):
+        checks.int_in_range("k", 5, 1, 4)
+    with pytest.raises(TypeError):
+        checks.int_in_range("k", False, 0, 4)
+
+
+def test_numbers() -> None:
+    assert checks.number_in_range("p", 0.5, 0, 1, high_open=True) == 0.5
+    assert checks.number_in_range("p", 0, 0, 1) == 0.0
+    with pytest.raises(ValueError, match=r"p must be a number in \[0, 1\), got 1"):
+        checks.number_in_range("p", 1, 0, 1, high_open=True)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        checks.number_in_range("p", 0, 0, 1, low_open=True)
+    with pytest.raises(TypeError):
+        checks.number_in_range("p", True, 0, 1)
+    assert checks.positive_number("lr", 1e-3) == 1e-3
+    for bad in (0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="lr must be a number in"):
+            checks.positive_number("lr", bad)
+
+
+def test_choice_callable_tensor() -> None:
+    assert checks.choice("opt", "adam", ("sgd", "adam")) == "adam"
+    with pytest.raises(ValueError, match=r"opt='lion' is not allowed; choose one of \('sgd', 'adam'\)"):
+        checks.choice("opt", "lion", ("sgd", "adam"))
+    assert checks.callable_arg("fn", len) is len
+    with pytest.raises(TypeError, match="fn must be a zero-argument callable, got int"):
+        checks.callable_arg("fn", 3, "a zero-argument callable")
+    t = torch.zeros(2)
+    assert checks.tensor_arg("x", t) is t
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
+        checks.tensor_arg("x", [1.0])
