@@ -1,0 +1,434 @@
+"""The claims ledger: every claim of the explainer, checked live on this device (lesson 08).
+
+Each `Claim` is one sentence of the explainer, restated, with the lesson that teaches
+it and a quick check that measures it again here, in well under a second or two, by
+reusing the lessons' own helpers. `run_ledger()` runs the checks and returns one `Row`
+per claim: the measured evidence (a number with its unit) and pass/fail. A check that
+raises becomes a failed row carrying the error; it never stops the ledger.
+
+Command line (the one-command health check for a GPU box, Colab or a torch upgrade)::
+
+    python -m helpers.review                      # the table; exit 1 if any row fails
+    python -m helpers.review --only C01,C14       # a subset
+    python -m helpers.review --markdown ledger.md # also write it as Markdown
+
+The claims and their checks are in `helpers.claims`. The quiz in the lesson (`QUIZ`,
+`check_answer`) lives here, so its answers are tested.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from helpers import accumulation as acc
+from helpers.checks import choice, positive_int
+from helpers.claims import CLAIMS, LAB_CONFIG, Claim, Evidence, Lab
+from helpers.device import lesson_scale, memory_method, pick_device
+from helpers.models import GPT
+from helpers.training import lm_loss
+
+__all__ = [
+    "CLAIMS", "EXERCISES", "QUIZ", "Claim", "Evidence", "Feedback", "Lab", "Ledger", "Question", "Row",
+    "check_answer", "check_exercise", "explore_accumulation", "followup_answers", "format_table",
+    "interview_answer", "main", "predicted_peak_bytes", "quiz_widget", "readme_block", "run_check",
+    "run_ledger", "to_markdown", "widget_latency_cases", "write_readme",
+]
+
+
+# -- running the ledger ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    """One checked claim: its evidence, pass/fail, the time the check took, and any error."""
+
+    claim: Claim
+    passed: bool
+    value: float | None
+    unit: str
+    detail: str
+    seconds: float
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The rows, the claims that wait for a lesson, and where they were measured."""
+
+    rows: list[Row]
+    pending: list[Claim]
+    device: str
+    torch_version: str
+    scale: str
+    method: str
+
+    @property
+    def passed(self) -> bool:
+        """True when every checked row passed."""
+        return all(r.passed for r in self.rows)
+
+    def row(self, claim_id: str) -> Row:
+        """The row of `claim_id` (KeyError if it was not run)."""
+        for r in self.rows:
+            if r.claim.id == claim_id:
+                return r
+        raise KeyError(f"{claim_id} is not in this ledger; ids run: {[r.claim.id for r in self.rows]}")
+
+
+def _available(claim: Claim) -> bool:
+    return not claim.needs or importlib.util.find_spec(claim.needs) is not None
+
+
+def _select(only: Sequence[str] | None, claims: Sequence[Claim]) -> list[Claim]:
+    if only is None:
+        return list(claims)
+    known = [c.id for c in claims]
+    wanted = [choice("claim id", i.strip().upper(), known) for i in only if i.strip()]
+    return [c for c in claims if c.id in wanted]
+
+
+def run_check(claim: Claim, lab: Lab) -> Row:
+    """Run one claim's check; an exception becomes a failed row with its message."""
+    start = time.perf_counter()
+    try:
+        ev = claim.run(lab)
+    except Exception as exc:  # noqa: BLE001 - a failing check is a failed row, never a crash
+        acc.clear_grads(lab.model)
+        return Row(claim, False, None, "", "", time.perf_counter() - start, f"{type(exc).__name__}: {exc}")
+    return Row(claim, bool(ev.passed), float(ev.value), ev.unit, ev.detail, time.perf_counter() - start)
+
+
+def run_ledger(
+    only: Sequence[str] | None = None, *, progress: bool = True, device: torch.device | None = None,
+    claims: Sequence[Claim] = CLAIMS,
+) -> Ledger:
+    """Run the quick check of every claim (or of the ids in `only`) on this device.
+
+    Claims whose lesson module does not exist yet are listed as `pending`, not run.
+    """
+    from tqdm.auto import tqdm
+
+    device = device or pick_device()
+    chosen = _select(only, claims)
+    lab = Lab(device)
+    available = {c.id: _available(c) for c in chosen}
+    runnable = [c for c in chosen if available[c.id]]
+    rows = []
+    with torch.random.fork_rng(devices=[]):
+        for claim in tqdm(runnable, desc="checking claims", disable=not progress):
+            rows.append(run_check(claim, lab))
+    return Ledger(rows, [c for c in chosen if not available[c.id]], str(device), torch.__version__,
+                  lesson_scale(device), memory_method(device))
+
+
+def _value(row: Row) -> str:
+    if row.value is None:
+        return "-"
+    v = row.value
+    if v == 0 or abs(v) >= 1000:
+        text = f"{v:,.0f}"
+    elif abs(v) >= 1e-3:
+        text = f"{v:.4g}"
+    else:
+        text = f"{v:.1e}"
+    return f"{text} {row.unit}"
+
+
+def format_table(ledger: Ledger) -> str:
+    """The ledger as a plain-text table, one line per row, then the pending claims."""
+    lines = [f"{'id':<4} {'result':<6} {'lesson':<7} {'evidence':<46} claim"]
+    for r in ledger.rows:
+        result = "pass" if r.passed else "FAIL"
+        lines.append(f"{r.claim.id:<4} {result:<6} {r.claim.lesson:<7} {_value(r)[:46]:<46} {r.claim.text}")
+        if r.error:
+            lines.append(f"{'':<12} error: {r.error}")
+    for c in ledger.pending:
+        lines.append(f"{c.id:<4} {'wait':<6} {c.lesson:<7} "
+                     f"{'(needs ' + c.needs + ')':<46} {c.text}")
+    n_pass = sum(r.passed for r in ledger.rows)
+    lines.append(f"{n_pass} passed, {len(ledger.rows) - n_pass} failed, {len(ledger.pending)} waiting "
+                 f"({ledger.device}, torch {ledger.torch_version}, scale {ledger.scale}, {ledger.method})")
+    return "\n".join(lines)
+
+
+def to_markdown(ledger: Ledger) -> str:
+    """The ledger as Markdown, headed by the device, torch version, scale and memory method."""
+    out = [
+        "# Claims ledger",
+        "",
+        f"- device: {ledger.device} ({platform.machine()})",
+        f"- torch: {ledger.torch_version}",
+        f"- scale: {ledger.scale}",
+        f"- memory method: {ledger.method}",
+        "",
+        "| id | claim | lesson | check | condition | evidence | detail | result |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in ledger.rows:
+        detail = r.error or r.detail
+        out.append(f"| {r.claim.id} | {r.claim.text} | {r.claim.lesson} | {r.claim.check} | "
+                   f"{r.claim.condition or '-'} | {_value(r)} | {detail.replace('|', '/')} | "
+                   f"{'pass' if r.passed else '**FAIL**'} |")
+    for c in ledger.pending:
+        out.append(f"| {c.id} | {c.text} | {c.lesson} | {c.check} | {c.condition or '-'} | - | "
+                   f"waits for {c.needs} | waiting |")
+    return "\n".join(out) + "\n"
+
+
+# -- the follow-up questions, answered from the evidence ---------------------------------
+def _val(ledger: Ledger, claim_id: str) -> float:
+    row = ledger.row(claim_id)
+    if row.value is None:
+        raise ValueError(f"{claim_id} has no measured value ({row.error})")
+    return row.value
+
+
+def followup_answers(ledger: Ledger) -> dict[str, str]:
+    """The explainer's three follow-up questions, answered with numbers from `ledger`."""
+    return {
+        "Is accumulation exactly a bigger batch?": (
+            f"The gradient is the same: loss/K matched the full batch to {_val(ledger, 'C13'):.1e} (C13). "
+            f"The training is not always: BatchNorm left a gradient error of {_val(ledger, 'C19'):.2f} "
+            f"(C19), own dropout masks {_val(ledger, 'C20'):.2f} (C20), a scheduler stepped per micro-step "
+            f"ended warmup {_val(ledger, 'C21'):.0f}x too early (C21), and naive token means were off by "
+            f"{_val(ledger, 'C23'):.1e} (C23)."
+        ),
+        "Can the two be combined?": (
+            f"Yes. They act on different parts of the peak: the 4x8 checkpointed row peaked at "
+            f"{_val(ledger, 'C25'):.2f}x the 8x4 row with the same floor (C25); checkpointing alone cut "
+            f"saved activations {_val(ledger, 'C09'):.1f}x (C09) for {_val(ledger, 'C11'):.2f}x the FLOPs "
+            "(C11)."
+        ),
+        "Which one first?": (
+            "Profile first. Activations grow with the micro-batch (R² "
+            f"{_val(ledger, 'C05'):.4f}, C05) above a floor that does not move (spread "
+            f"{_val(ledger, 'C06'):.1e}, C06). If activations dominate, checkpoint; if a smaller micro-batch "
+            "fits but the optimizer needs more examples, accumulate; if the floor itself is too big, shard, "
+            "offload or shrink the state (C26)."
+        ),
+    }
+
+
+def interview_answer(ledger: Ledger) -> str:
+    """The one-line interview answer, in our words, with the ledger's numbers."""
+    return (
+        f"Checkpointing spends extra forward compute ({_val(ledger, 'C11'):.2f}x the FLOPs here) to keep "
+        f"{_val(ledger, 'C09'):.1f}x fewer activations inside one micro-batch; accumulation spends more, "
+        f"smaller micro-steps ({_val(ledger, 'C24'):.1f}x the ops here) and a later update to reach a bigger "
+        "effective batch with the same gradient; they fix different things and stack."
+    )
+
+
+# -- the quiz ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Question:
+    """A multiple-choice question: options, the index of the right one, and why."""
+
+    id: str
+    prompt: str
+    options: tuple[str, ...]
+    answer: int
+    explanation: str
+    lesson: str
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """Whether an answer was right, and the explanation with the lesson to revisit."""
+
+    correct: bool
+    message: str
+
+
+QUIZ: tuple[Question, ...] = (
+    Question("Q1", "Your job runs out of memory and the profile shows activations are 70% of the peak. "
+             "Which knob attacks the cause?",
+             ("Gradient accumulation with the same micro-batch", "Activation checkpointing",
+              "A bigger learning rate", "Switching Adam for SGD"), 1,
+             "Checkpointing discards activations and recomputes them; accumulation with the same micro-batch "
+             "keeps the same activations.", "02"),
+    Question("Q2", "You accumulate K = 8 micro-batches of mean loss and forget to divide by K. The "
+             "accumulated gradient is...",
+             ("the same as the full batch's", "8 times the full batch's", "1/8 of the full batch's",
+              "random"), 1,
+             "Eight mean losses are summed, so the gradient is eight times the mean over 32 examples.", "03"),
+    Question("Q3", "Which memory does gradient accumulation NOT reduce?",
+             ("Saved activations of one micro-batch", "Parameters, gradients and optimizer state",
+              "The logits of one micro-batch", "Temporary buffers of the forward pass"), 1,
+             "Accumulation shrinks the micro-batch; the model state is a floor it cannot move.", "01"),
+    Question("Q4", "Under checkpointing with Adam, the recompute costs about...",
+             ("nothing", "one extra forward of the checkpointed region, at most",
+              "one extra backward", "K extra forwards"), 1,
+             "Only the forward of the region runs again (non-reentrant checkpoint may even stop early).",
+             "02"),
+    Question("Q5", "Where should the learning-rate scheduler step when you accumulate?",
+             ("after every micro-step", "once per optimizer update", "once per epoch only",
+              "before zero_grad of each micro-step"), 1,
+             "The schedule counts updates; stepping per micro-step runs it K times too fast.", "04"),
+    Question("Q6", "Micro-batches hold 2,000 and 1,000 valid tokens. To match the full batch's token-mean "
+             "loss you should...",
+             ("divide each micro-batch's mean by 2", "sum token losses and divide by 3,000",
+              "average the two means", "drop the shorter micro-batch"), 1,
+             "Every token must weigh the same: divide the summed token loss by the group's token count.",
+             "05"),
+    Question("Q7", "B = 4, K = 8, W = 4 data-parallel workers. The effective batch is...",
+             ("16", "32", "128", "512"), 2, "B x K x W = 4 x 8 x 4 = 128 examples per update.", "07"),
+    Question("Q8", "Memory grows after every micro-step of your accumulation loop. The likely cause is...",
+             ("the optimizer state", "a kept reference to the graph (retain_graph or a list of losses)",
+              "gradient buffers", "dropout masks"), 1,
+             "A correct loop frees each micro-batch's activations in its own backward; "
+             "something is holding the graph.",
+             "03"),
+)
+
+
+def check_answer(question_id: str, answer: int) -> Feedback:
+    """Check the option index `answer` for `question_id`; explain and point to the lesson."""
+    ids = [q.id for q in QUIZ]
+    q = QUIZ[ids.index(choice("question_id", question_id, ids))]
+    if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer < len(q.options):
+        raise ValueError(f"answer must be an option index in [0, {len(q.options) - 1}], got {answer!r}")
+    if answer == q.answer:
+        return Feedback(True, f"Correct. {q.explanation} (lesson {q.lesson})")
+    return Feedback(False, f"Not quite: the answer is \"{q.options[q.answer]}\". {q.explanation} "
+                           f"Revisit lesson {q.lesson}.")
+
+
+def quiz_widget() -> object:
+    """The quiz as ipywidgets: a dropdown per question and immediate feedback (ipywidgets 7 and 8)."""
+    import ipywidgets as w
+
+    boxes = []
+    for q in QUIZ:
+        pick = w.RadioButtons(options=[(o, i) for i, o in enumerate(q.options)], value=None,
+                              layout={"width": "max-content"})
+        out = w.HTML()
+
+        def answer(change: dict, q: Question = q, out: w.HTML = out) -> None:
+            if change["new"] is None:
+                return
+            fb = check_answer(q.id, change["new"])
+            out.value = f"<b>{'✔' if fb.correct else '✘'}</b> {fb.message}"
+
+        pick.observe(answer, names="value")
+        boxes.append(w.VBox([w.HTML(f"<b>{q.id}.</b> {q.prompt}"), pick, out]))
+    return w.VBox(boxes)
+
+
+EXERCISES = {
+    1: ("Which claim's row would fail if a lesson's loop forgot to divide the loss by K? Give its id.",
+        "C14", "C14 measures the norm ratio of unscaled accumulation: it would read K, not 1."),
+    2: ("B = 2, K = 16, W = 8: how many examples does one optimizer update see?", 256,
+        "B x K x W = 2 x 16 x 8 = 256 (C27)."),
+}
+
+
+def check_exercise(number: int, answer: object) -> str:
+    """Check an answer to exercise `number` of lesson 08; returns 'Correct: ...' or a hint."""
+    number = choice("number", number, tuple(EXERCISES))
+    _, expected, why = EXERCISES[number]
+    given = answer.strip().upper() if isinstance(answer, str) else answer
+    if given == expected:
+        return f"Correct: {why}"
+    return f"Not yet: {EXERCISES[number][0]} Hint: look at the ledger's rows and their evidence column."
+
+
+README_START, README_END = "<!-- ledger:start -->", "<!-- ledger:end -->"
+
+
+def readme_block(ledger: Ledger) -> str:
+    """The README's key-figures table, made from `ledger` (one row per claim, with its evidence)."""
+    lines = [README_START,
+             f"Measured by `python -m helpers.review --readme README.md` on {ledger.device}, torch "
+             f"{ledger.torch_version}, scale `{ledger.scale}`, method `{ledger.method}`.",
+             "", "| id | claim | lesson | measured | |", "|---|---|---|---|---|"]
+    for r in ledger.rows:
+        lines.append(f"| {r.claim.id} | {r.claim.text} | {r.claim.lesson} | {_value(r)}: "
+                     f"{(r.error or r.detail).replace('|', '/')} | {'pass' if r.passed else 'FAIL'} |")
+    lines.append(README_END)
+    return "\n".join(lines)
+
+
+def write_readme(ledger: Ledger, path: str) -> None:
+    """Replace the block between the ledger markers in the README at `path` with `readme_block`."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if README_START not in text or README_END not in text:
+        raise ValueError(f"{path} has no {README_START} ... {README_END} block to replace")
+    head, rest = text.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(head + readme_block(ledger) + tail)
+
+
+# -- widget: the accumulation claims at your own B and K ---------------------------------
+def explore_accumulation(micro_batch: int, steps: int, lab: Lab | None = None) -> dict[str, float]:
+    """Re-check C13 and C14 at micro-batch size B and K steps; draw and return the numbers."""
+    from helpers import plots
+
+    micro_batch, steps = positive_int("micro_batch", micro_batch), positive_int("steps", steps)
+    lab = lab or Lab(pick_device())
+    x, y = lab.tokens(micro_batch * steps, seed=1)
+    full = acc.full_batch_grad(lab.model, lm_loss, x, y)
+    scaled = acc.compare_grads(full, acc.accumulated_grad(lab.model, lm_loss, x, y, micro_batch))
+    raw = acc.compare_grads(full, acc.accumulated_grad(lab.model, lm_loss, x, y, micro_batch, scale=False))
+    fig, (ax,) = plots.figure(width=6, height=2.8)
+    ax.bar(["loss / K", "no / K"], [scaled.norm_ratio, raw.norm_ratio], color=["#55A868", "#C44E52"])
+    ax.axhline(1.0, color="k", lw=1)
+    ax.set(ylabel="norm / full-batch norm",
+           title=f"effective batch B x K = {micro_batch} x {steps} = {micro_batch * steps}")
+    plots.show(fig)
+    print(f"loss / K: max relative difference {scaled.max_rel:.1e} (C13); "
+          f"no / K: norm ratio {raw.norm_ratio:.3f} = K (C14)")
+    return {"max_rel": scaled.max_rel, "norm_ratio_unscaled": raw.norm_ratio}
+
+
+def predicted_peak_bytes(scale: str) -> int:
+    """The ledger runs the same small lab at every scale: its largest check (8 x 4 Adam) stays tiny."""
+    choice("scale", scale, ("tiny", "small", "medium", "full"))
+    n_params = sum(p.numel() for p in GPT(LAB_CONFIG).parameters())
+    per_example = 4 * LAB_CONFIG.seq_len * LAB_CONFIG.d_model * LAB_CONFIG.n_layers * 40  # generous
+    return 16 * n_params + 8 * per_example
+
+
+def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:
+    """One slider move each of lesson 08's explore widget (B and K)."""
+    lab = Lab(device)
+    return {f"B={b}, K={k}": (lambda b=b, k=k: explore_accumulation(b, k, lab))
+            for b, k in ((4, 4), (8, 4), (4, 8))}
+
+
+# -- command line ------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m helpers.review`: print the ledger; exit 1 if any row fails."""
+    parser = argparse.ArgumentParser(prog="python -m helpers.review", description=__doc__.split("\n")[0])
+    parser.add_argument("--only", help="comma-separated claim ids, e.g. C01,C14")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the ledger as Markdown to PATH")
+    parser.add_argument("--readme", metavar="PATH", help="rewrite the README's key-figures block at PATH")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        ledger = run_ledger(args.only.split(",") if args.only else None, progress=not args.no_progress,
+                            claims=CLAIMS)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(ledger))
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as f:
+            f.write(to_markdown(ledger))
+        print(f"wrote {args.markdown}")
+    if args.readme:
+        write_readme(ledger, args.readme)
+        print(f"rewrote the key figures in {args.readme}")
+    return 0 if ledger.passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

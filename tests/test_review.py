@@ -1,0 +1,108 @@
+"""helpers.review: the claims ledger command, its failure handling, and the quiz's answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import review
+from helpers.review import Claim, Evidence
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _claim(cid: str, run, needs: str = "") -> Claim:  # noqa: ANN001
+    return Claim(cid, f"claim {cid}", "03 §2", "a fake check", run, needs=needs)
+
+
+def _boom(lab: review.Lab) -> Evidence:
+    raise RuntimeError("the instrument broke")
+
+
+FAKE = (
+    _claim("X1", lambda lab: Evidence(True, 1.0, "units", "fine")),
+    _claim("X2", _boom),
+    _claim("X3", lambda lab: Evidence(False, 0.5, "units", "too small")),
+    _claim("X4", lambda lab: Evidence(True, 2.0, "units", "fine")),
+    _claim("X5", lambda lab: Evidence(True, 2.0, "units", "fine"), needs="helpers.no_such_lesson"),
+)
+
+
+def test_a_raising_check_is_a_failed_row_and_the_ledger_goes_on() -> None:
+    ledger = review.run_ledger(progress=False, claims=FAKE)
+    by_id = {r.claim.id: r for r in ledger.rows}
+    assert by_id["X1"].passed and by_id["X4"].passed  # X4 ran after the raising X2
+    assert not by_id["X2"].passed and by_id["X2"].error == "RuntimeError: the instrument broke"
+    assert not by_id["X3"].passed and by_id["X3"].value == 0.5
+    assert [c.id for c in ledger.pending] == ["X5"]
+    assert not ledger.passed
+    table = review.format_table(ledger)
+    assert "X2   FAIL" in table and "the instrument broke" in table and "X5   wait" in table
+    assert "2 passed, 2 failed, 1 waiting" in table
+
+
+def test_main_exit_status(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                          tmp_path: Path) -> None:
+    monkeypatch.setattr(review, "CLAIMS", FAKE)
+    assert review.main(["--only", "X1,X4", "--no-progress"]) == 0
+    assert "2 passed, 0 failed" in capsys.readouterr().out
+    assert review.main(["--only", "x3", "--no-progress"]) == 1  # ids are case-insensitive
+    assert "X3   FAIL" in capsys.readouterr().out
+    md = tmp_path / "ledger.md"
+    assert review.main(["--no-progress", "--markdown", str(md)]) == 1
+    text = md.read_text()
+    headers = ("- device: cpu", f"- torch: {torch.__version__}", "- scale: ", "- memory method: cpu-tracker")
+    assert all(h in text for h in headers), text[:300]
+    assert "| X2 |" in text and "RuntimeError: the instrument broke" in text and "**FAIL**" in text
+    assert review.main(["--only", "C99", "--no-progress"]) == 2
+    assert "C99" in capsys.readouterr().err
+
+
+def test_real_claims_subset_pass_here() -> None:
+    ledger = review.run_ledger(["C13", "C14", "C12"], progress=False)
+    assert ledger.passed, review.format_table(ledger)
+    assert ledger.row("C14").value == pytest.approx(4.0, rel=1e-3)
+    assert ledger.row("C13").value <= 1e-4
+
+
+def test_claims_are_distinct_and_cite_a_lesson_that_exists() -> None:
+    ids = [c.id for c in review.CLAIMS]
+    assert len(ids) >= 20 and len(set(ids)) == len(ids)
+    assert len({c.text for c in review.CLAIMS}) == len(ids)
+    notebooks = {p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    for c in review.CLAIMS:
+        assert c.lesson[:2] in notebooks, (c.id, c.lesson)
+        assert "§" in c.lesson, (c.id, c.lesson)
+
+
+def test_followups_use_the_ledgers_numbers() -> None:
+    rows = [review.Row(c, True, float(i + 1), "u", "", 0.0) for i, c in enumerate(review.CLAIMS)]
+    ledger = review.Ledger(rows, [], "cpu", torch.__version__, "small", "cpu-tracker")
+    answers = review.followup_answers(ledger)
+    assert len(answers) == 3
+    c13 = ledger.row("C13").value
+    assert f"{c13:.1e}" in answers["Is accumulation exactly a bigger batch?"]
+    assert f"{ledger.row('C11').value:.2f}x" in review.interview_answer(ledger)
+
+
+def test_quiz_answers() -> None:
+    assert 6 <= len(review.QUIZ) <= 10
+    for q in review.QUIZ:
+        assert 0 <= q.answer < len(q.options)
+        right = review.check_answer(q.id, q.answer)
+        assert right.correct and right.message.startswith("Correct") and f"lesson {q.lesson}" in right.message
+        wrong = review.check_answer(q.id, (q.answer + 1) % len(q.options))
+        assert not wrong.correct and q.options[q.answer] in wrong.message
+    with pytest.raises(ValueError, match="question_id"):
+        review.check_answer("Q99", 0)
+    with pytest.raises(ValueError, match="option index"):
+        review.check_answer("Q1", 7)
+    with pytest.raises(ValueError, match="option index"):
+        review.check_answer("Q1", True)
+
+
+def test_quiz_widget_builds() -> None:
+    box = review.quiz_widget()
+    assert len(box.children) == len(review.QUIZ)
