@@ -2,33 +2,83 @@
 
 - `explainer_table()` is a calculator: from the explainer's inputs (model state,
   overhead, activations per micro-batch) it rebuilds the three rows of its 24 GB table.
-- `explainer_model()` builds the GPT-style model used for measurements at a scale.
-- `train_step()` builds one plain training step (forward, backward, optimizer step).
+- `explainer_model()` builds the GPT-style model used for measurements at a scale;
+  `lesson_config()` holds its sizes and `lesson_sizes()` the micro-batch sizes the
+  lesson measures.
 - `measure_config()` runs one whole accumulation update (K micro-steps, then
   the optimizer step) under `helpers.memory.measure_step`: a measured row of the table.
+  `drawn_budget()` turns the measured 8 x 4 peak into the budget line drawn beside it.
 - `activation_sweep()` measures the breakdown at several micro-batch sizes, and
-  `linear_fit()` checks that activations grow linearly with the micro-batch.
-- `breakdown_for()` is the pure function behind the lesson's widget.
+  `linear_fit()` checks that activations grow linearly with the micro-batch;
+  `activation_bytes_per_example()` and `predicted_update_peak_bytes()` are the formulas
+  the lesson checks against those measurements.
+- `saved_tensor_bytes()` counts what autograd saves, by the op that made it and its dtype
+  (for the half-precision section).
+- `show_update()` is the pure function behind the lesson's widget.
+- `check_exercise_1/2/3()` check the exercises' answers.
+- `predicted_peak_bytes()` and `widget_latency_cases()` are the per-lesson protocol.
 """
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
+from helpers.checks import choice, positive_int
 from helpers.data import token_batch
 from helpers.device import SCALES, seed_everything
-from helpers.memory import StepMemory, measure_step
-from helpers.models import GPT, GPTConfig
+from helpers.memory import StepMemory, measure_step, run_or_oom
+from helpers.models import GPT, BlockWrapper, GPTConfig
+
+__all__ = [
+    "EXPLAINER_INPUTS",
+    "GB",
+    "OPTIMIZERS",
+    "BlockWrapper",
+    "BudgetRow",
+    "ConfigMemory",
+    "LessonSizes",
+    "LinearFit",
+    "activation_bytes_per_example",
+    "activation_sweep",
+    "breakdown_for",
+    "budget_row",
+    "check_exercise_1",
+    "check_exercise_2",
+    "check_exercise_3",
+    "drawn_budget",
+    "explainer_model",
+    "explainer_table",
+    "lesson_config",
+    "lesson_sizes",
+    "linear_fit",
+    "lm_loss",
+    "make_optimizer",
+    "measure_config",
+    "measure_update",
+    "origin_group",
+    "plot_measured_table",
+    "plot_peak_vs_steps",
+    "plot_saved_by_origin",
+    "predicted_peak_bytes",
+    "predicted_update_peak_bytes",
+    "saved_tensor_bytes",
+    "scaled_budget",
+    "show_breakdown",
+    "show_update",
+    "train_step",
+    "widget_latency_cases",
+]
 
 GB = 1e9  # the explainer speaks in decimal gigabytes
 OPTIMIZERS = ("sgd", "adam")
-BlockWrapper = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+FP32 = 4  # bytes per float32 element
 
 # The explainer's profile of a 24 GB GPU (decimal GB).
 EXPLAINER_INPUTS = {
@@ -73,9 +123,8 @@ def budget_row(
     Accumulation steps do not appear in the peak: each micro-batch's
     activations are freed by its backward before the next one starts.
     """
-    for name, value in {"micro_batch": micro_batch, "steps": steps}.items():
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    positive_int("micro_batch", micro_batch)
+    positive_int("steps", steps)
     if min(activations_gb, model_state_gb, overhead_gb) < 0 or capacity_gb <= 0:
         raise ValueError("memory figures must be >= 0 and capacity_gb > 0")
     peak = model_state_gb + overhead_gb + activations_gb
@@ -95,25 +144,71 @@ def explainer_table() -> list[BudgetRow]:
 
 
 def scaled_budget(model_state_bytes: int, capacity_gb: float = 24.0) -> float:
-    """A budget in bytes that stands in for a GPU on this device.
+    """A budget that keeps the explainer's ratio of capacity to model state (24 / 14.5).
 
-    It keeps the explainer's ratio of capacity to model state (24 / 14.5), so
-    the measured model state fills the same share of it. It is a budget, not
-    a measured capacity.
+    Lesson 01 no longer draws this one: it only matches the explainer when a
+    model's activations are as small next to its model state as the
+    explainer's. See `drawn_budget`.
     """
     return model_state_bytes * capacity_gb / EXPLAINER_INPUTS["model_state_gb"]
 
 
+def drawn_budget(tightest_peak_bytes: float) -> float:
+    """The budget line lesson 01 draws: the measured 8 x 4 peak x 24 / 23.5.
+
+    The explainer's 8 x 4 row peaks at 23.5 of 24 GB, its tightest fit. Scaling
+    the measured 8 x 4 peak by the same 24 / 23.5 gives a budget that stands to
+    the measured rows as 24 GB stands to the explainer's rows at their tightest.
+    It is a budget, not a measured capacity.
+    """
+    if isinstance(tightest_peak_bytes, bool) or not isinstance(tightest_peak_bytes, int | float):
+        raise TypeError(f"tightest_peak_bytes must be a number, got {type(tightest_peak_bytes).__name__}")
+    if tightest_peak_bytes <= 0:
+        raise ValueError(f"tightest_peak_bytes must be > 0, got {tightest_peak_bytes!r}")
+    tightest = explainer_table()[0]
+    return tightest_peak_bytes * tightest.capacity_gb / tightest.peak_gb
+
+
+# -- the model and its sizes ---------------------------------------------------------------
+_CONFIGS = {
+    "tiny": dict(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2),
+    "small": dict(vocab_size=256, seq_len=64, d_model=64, n_heads=4, n_layers=4),
+    # 63 M parameters; micro-batch 16 peaks at about 6.7 GB (a 12-40 GB GPU, e.g. a T4).
+    "medium": dict(vocab_size=8192, seq_len=512, d_model=768, n_heads=12, n_layers=8),
+    # 161 M parameters; micro-batch 12 peaks at about 23 GB (a GPU with 40 GB or more).
+    "full": dict(vocab_size=8192, seq_len=1024, d_model=1024, n_heads=16, n_layers=12),
+}
+
+
 def lesson_config(scale: str) -> GPTConfig:
-    """GPT sizes for lesson measurements at `scale` ('tiny', 'small' or 'full')."""
+    """GPT sizes for lesson measurements at `scale` (one of `helpers.device.SCALES`)."""
     if scale not in SCALES:
         raise ValueError(f"scale={scale!r} is not a scale; choose one of {SCALES}")
-    sizes = {
-        "tiny": dict(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2),
-        "small": dict(vocab_size=256, seq_len=64, d_model=64, n_heads=4, n_layers=4),
-        "full": dict(vocab_size=8192, seq_len=1024, d_model=1024, n_heads=16, n_layers=12),
-    }[scale]
-    return GPTConfig(dropout=0.0, **sizes)
+    return GPTConfig(dropout=0.0, **_CONFIGS[scale])
+
+
+@dataclass(frozen=True)
+class LessonSizes:
+    """How large lesson 01's experiments get at one scale."""
+
+    micro_batches: tuple[int, ...]  # the micro-batch sweep
+    max_micro_batch: int  # the widget's B slider
+    max_steps: int  # the widget's K slider
+
+
+_SIZES = {
+    "tiny": LessonSizes((2, 3, 4, 5, 6), 8, 8),  # at B = 1 the tiny model peaks in the optimizer step
+    "small": LessonSizes((1, 2, 4, 8, 16), 16, 16),
+    "medium": LessonSizes((1, 2, 4, 8, 16), 16, 16),
+    "full": LessonSizes((1, 2, 4, 8, 12), 12, 16),
+}
+
+
+def lesson_sizes(scale: str) -> LessonSizes:
+    """The micro-batch sweep and the widget's slider ranges at `scale`."""
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r} is not a scale; choose one of {SCALES}")
+    return _SIZES[scale]
 
 
 def explainer_model(scale: str, device: torch.device, seed: int = 0) -> GPT:
@@ -124,11 +219,10 @@ def explainer_model(scale: str, device: torch.device, seed: int = 0) -> GPT:
 
 def make_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
     """'sgd' (plain, no momentum: no state) or 'adam' (two state tensors per parameter)."""
+    choice("optimizer", name, OPTIMIZERS)
     if name == "sgd":
         return torch.optim.SGD(model.parameters(), lr=1e-3)
-    if name == "adam":
-        return torch.optim.Adam(model.parameters(), lr=1e-3)
-    raise ValueError(f"optimizer={name!r} is not supported; choose one of {OPTIMIZERS}")
+    return torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
 def lm_loss(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -157,6 +251,83 @@ def _batch(model: GPT, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return token_batch(n, cfg.seq_len, cfg.vocab_size, seed=seed, device=device)
 
 
+# -- formulas the lesson checks against measurement ------------------------------------------
+def _check_formula_config(cfg: GPTConfig) -> None:
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a helpers.models.GPTConfig, got {type(cfg).__name__}")
+    if cfg.dropout != 0.0 or cfg.fused_attention:
+        raise ValueError(
+            "the formula covers the lesson's model only: dropout=0.0 and fused_attention=False, "
+            f"got dropout={cfg.dropout}, fused_attention={cfg.fused_attention}"
+        )
+
+
+def activation_bytes_per_example(cfg: GPTConfig) -> int:
+    """Float32 bytes autograd saves per example for one forward of the lesson's GPT.
+
+    With s = sequence, h = d_model, a = heads, L = layers, V = vocabulary, in
+    elements: L(16sh + as^2) + 2sh + 2(2L + 1)s + sV. Per block: LayerNorm inputs
+    (2sh) and outputs (2sh), copies of q, k, v and of the attention output (4sh),
+    the softmax output (as^2), the MLP's first Linear output (4sh) and GELU output
+    (4sh). Then the last LayerNorm's input and output (2sh), every LayerNorm's
+    mean and 1/std (2s each) and the log-softmax of the loss (sV). Only for
+    `dropout=0` and the written-out attention (the lesson's model).
+    """
+    _check_formula_config(cfg)
+    s, h, a, n, v = cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.vocab_size
+    elements = n * (16 * s * h + a * s * s) + 2 * s * h + 2 * (2 * n + 1) * s + s * v
+    return FP32 * elements
+
+
+def _param_counts(cfg: GPTConfig) -> tuple[int, int]:
+    """(parameter elements, parameter tensors) of GPT(cfg), built on the meta device (no memory)."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = GPT(cfg)
+    params = list(model.parameters())
+    return sum(p.numel() for p in params), len(params)
+
+
+def predicted_update_peak_bytes(cfg: GPTConfig, micro_batch: int, *, optimizer: str = "adam",
+                                steps: int = 2) -> int:
+    """Predicted peak of one accumulation update of `steps` micro-batches (float32, CPU tracker).
+
+    The peak comes at the start of the last micro-step's backward: parameters,
+    gradients (alive from the second micro-step on), optimizer state (Adam:
+    two moments plus a 4-byte step counter per parameter tensor), the micro-batch's
+    activations (`activation_bytes_per_example`), and, as "other", the gradient of
+    the logits and of their log-softmax (2 sV floats per example) and the causal
+    masks (L s^2 bytes). On a GPU the caching allocator adds rounding, and Adam's
+    step counters live on the CPU.
+    """
+    positive_int("micro_batch", micro_batch)
+    positive_int("steps", steps)
+    choice("optimizer", optimizer, OPTIMIZERS)
+    _check_formula_config(cfg)
+    n_elements, n_tensors = _param_counts(cfg)
+    p = FP32 * n_elements
+    state = 2 * p + FP32 * n_tensors if optimizer == "adam" else 0
+    grads = p if steps >= 2 else 0
+    s, v = cfg.seq_len, cfg.vocab_size
+    per_example = activation_bytes_per_example(cfg) + 2 * FP32 * s * v
+    fixed = 8 * s + 2 * FP32 + cfg.n_layers * s * s  # positions (int64), loss scalars, causal masks
+    return p + grads + state + micro_batch * per_example + fixed
+
+
+def predicted_peak_bytes(scale: str) -> int:
+    """Predicted peak of lesson 01's largest experiment at `scale`, in bytes.
+
+    The largest experiment is a two-micro-step Adam update at the largest
+    micro-batch the lesson measures (its sweep and its widget); every other
+    measurement (the 8 x 4 and 4 x 8 rows, the step-count sweep) uses a micro-batch
+    of at most 8. Computed with `predicted_update_peak_bytes`, the formula the
+    notebook checks against its measurements; nothing is allocated.
+    """
+    sizes = lesson_sizes(scale)
+    largest = max(*sizes.micro_batches, sizes.max_micro_batch, 8)
+    return predicted_update_peak_bytes(lesson_config(scale), largest, optimizer="adam", steps=2)
+
+
+# -- measured rows -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ConfigMemory:
     """A measured row: one accumulation update of `steps` micro-batches of `micro_batch`."""
@@ -177,31 +348,42 @@ class ConfigMemory:
 
 def measure_update(
     model: GPT, *, micro_batch: int, steps: int, optimizer: str = "adam",
-    block_wrapper: BlockWrapper | None = None, seed: int = 0,
+    block_wrapper: BlockWrapper | None = None, seed: int = 0, max_micro_steps: int | None = None,
 ) -> StepMemory:
     """Measure one accumulation update of `steps` micro-batches of `micro_batch` examples.
 
-    A first, unmeasured update creates the optimizer state, as in steady
-    training. The measured update then runs `steps` forward/backward passes on
-    `loss / steps`, followed by one optimizer step, so from the second
+    A first, unmeasured update of one micro-step creates the optimizer state,
+    as in steady training. The measured update then runs `steps` forward/backward
+    passes on `loss / steps`, followed by one optimizer step, so from the second
     micro-step on the gradients are alive next to the activations.
     `block_wrapper` (for example a checkpoint call) is set on the model for the
     duration.
+
+    `max_micro_steps` (>= 2) runs only that many of the `steps` micro-steps. Every
+    micro-step from the second on holds the same memory (same shapes, gradients
+    already alive), so the peak of the whole update is the peak of its first two
+    micro-steps and the optimizer step; lesson 01 checks this before its widget
+    relies on it.
     """
-    budget_row(micro_batch, steps, 0.0)  # validates micro_batch and steps
+    positive_int("micro_batch", micro_batch)
+    positive_int("steps", steps)
+    if max_micro_steps is not None and positive_int("max_micro_steps", max_micro_steps) < 2:
+        raise ValueError(f"max_micro_steps must be >= 2 (the steady state starts at the second "
+                         f"micro-step), got {max_micro_steps!r}")
     opt = make_optimizer(optimizer, model)
-    batches = [_batch(model, micro_batch, seed + i) for i in range(steps)]
+    real_steps = steps if max_micro_steps is None else min(steps, max_micro_steps)
+    batches = [_batch(model, micro_batch, seed + i) for i in range(real_steps)]
     previous, model.block_wrapper = model.block_wrapper, block_wrapper
 
-    def update() -> None:
+    def update(micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         opt.zero_grad(set_to_none=True)
-        for idx, targets in batches:
+        for idx, targets in micro_batches:
             (lm_loss(model, idx, targets) / steps).backward()
         opt.step()
 
     try:
-        update()  # warm-up: optimizer state now exists
-        return measure_step(update, model=model, optimizer=opt)
+        update(batches[:1])  # warm-up: optimizer state now exists
+        return measure_step(lambda: update(batches), model=model, optimizer=opt)
     finally:
         model.block_wrapper = previous
         opt.zero_grad(set_to_none=True)
@@ -209,11 +391,11 @@ def measure_update(
 
 def measure_config(
     model: GPT, *, micro_batch: int, steps: int, optimizer: str = "adam",
-    block_wrapper: BlockWrapper | None = None, seed: int = 0,
+    block_wrapper: BlockWrapper | None = None, seed: int = 0, max_micro_steps: int | None = None,
 ) -> ConfigMemory:
     """`measure_update` summarised as a row of the explainer's table."""
     mem = measure_update(model, micro_batch=micro_batch, steps=steps, optimizer=optimizer,
-                         block_wrapper=block_wrapper, seed=seed)
+                         block_wrapper=block_wrapper, seed=seed, max_micro_steps=max_micro_steps)
     b = mem.breakdown
     return ConfigMemory(micro_batch, steps, mem.peak_bytes, b["activations"], mem.floor_bytes,
                         b["other"], mem.method)
@@ -222,28 +404,47 @@ def measure_config(
 def breakdown_for(model: GPT, micro_batch: int, optimizer: str = "adam") -> StepMemory | None:
     """Peak breakdown of a two-micro-step update at `micro_batch`, or None on CUDA OOM.
 
-    This is the pure function behind lesson 01's widget and sweep.
+    This is the pure function behind lesson 01's sweep.
     """
-    try:
-        return measure_update(model, micro_batch=micro_batch, steps=2, optimizer=optimizer)
-    except torch.cuda.OutOfMemoryError:
-        gc.collect()
-        torch.cuda.empty_cache()
-        return None
+    return run_or_oom(lambda: measure_update(model, micro_batch=micro_batch, steps=2, optimizer=optimizer))
+
+
+BUDGET_LABEL = "24 GB budget, scaled (drawn)"
 
 
 def show_breakdown(model: GPT, micro_batch: int, optimizer: str, budget: float) -> None:
     """Measure `breakdown_for` and draw it as a stacked bar against `budget` bytes."""
+    show_update(model, micro_batch, 2, optimizer, budget)
+
+
+def show_update(model: GPT, micro_batch: int, steps: int, optimizer: str, budget: float | None) -> None:
+    """Lesson 01's widget: the measured peak of one update of `steps` micro-batches, as a bar.
+
+    Prints the effective batch B x K and whether the peak fits `budget` (bytes,
+    drawn as a line; None draws none). Measures with `max_micro_steps=2`: the peak
+    of K micro-steps is the peak of the first two (lesson 01 checks this).
+    """
     from helpers import plots
 
-    mem = breakdown_for(model, micro_batch, optimizer)
+    positive_int("micro_batch", micro_batch)
+    positive_int("steps", steps)
+    mem = run_or_oom(lambda: measure_update(model, micro_batch=micro_batch, steps=steps,
+                                            optimizer=optimizer, max_micro_steps=2))
+    effective = f"effective batch B x K = {micro_batch} x {steps} = {micro_batch * steps}"
     if mem is None:
-        print(f"micro-batch {micro_batch}: OOM on this device")
+        print(f"{effective}: out of memory on this device (OOM)")
         return
-    fig, (ax,) = plots.figure(width=5.5, height=3.4)
-    plots.stacked_bars(ax, {f"micro-batch {micro_batch}": mem.breakdown}, budget=budget,
-                       budget_label="scaled 24 GB budget",
-                       title=f"{optimizer}: peak {plots.format_bytes(mem.peak_bytes)} ({mem.method})")
+    fits = ""
+    if budget is not None:
+        room = budget - mem.peak_bytes
+        fits = (f"; fits the budget with {plots.format_bytes(room)} to spare" if room >= 0
+                else f"; over the budget by {plots.format_bytes(-room)}")
+    print(f"{effective}; peak {plots.format_bytes(mem.peak_bytes)} ({mem.method}){fits}")
+    fig, (ax,) = plots.figure(width=5.8, height=3.4)
+    plots.stacked_bars(ax, {f"B={micro_batch}, K={steps}": mem.breakdown}, budget=budget,
+                       budget_label=BUDGET_LABEL,
+                       title=f"{optimizer}: one update, {effective}")
+    ax.title.set_fontsize(9)
     plots.show(fig)
 
 
@@ -287,7 +488,7 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> LinearFit:
 
 
 def plot_measured_table(rows: Sequence[ConfigMemory], labels: Sequence[str] | None = None,
-                        budget: float | None = None) -> None:
+                        budget: float | None = None, *, budget_label: str = BUDGET_LABEL) -> None:
     """Stacked bars (floor, activations, other) of measured rows, with an optional budget line."""
     from helpers import plots
 
@@ -305,6 +506,251 @@ def plot_measured_table(rows: Sequence[ConfigMemory], labels: Sequence[str] | No
         for label, r in zip(labels, rows, strict=True)
     }
     fig, (ax,) = plots.figure(width=7.5, height=3.4)
-    plots.stacked_bars(ax, data, budget=budget, budget_label="scaled 24 GB budget",
+    plots.stacked_bars(ax, data, budget=budget, budget_label=budget_label,
                        title=f"Measured peak per configuration ({rows[0].method})")
     plots.show(fig)
+
+
+def plot_peak_vs_steps(results: dict[int, StepMemory], micro_batch: int) -> None:
+    """Measured peak (bars) and effective batch (line) against the number of accumulation steps."""
+    from helpers import plots
+
+    if not results:
+        raise ValueError("results is empty: measure at least one step count")
+    ks = sorted(results)
+    peaks = [results[k].peak_bytes for k in ks]
+    unit, size = plots.byte_unit(max(peaks))
+    fig, (ax,) = plots.figure(width=7.0, height=3.4)
+    labels = [str(k) for k in ks]
+    ax.bar(labels, [p / size for p in peaks], color=plots.COLORS["activations"], label="measured peak")
+    ax.set(xlabel="accumulation steps (K)", ylabel=f"peak ({unit})",
+           title=f"micro-batch B = {micro_batch}: the peak stays, the effective batch grows")
+    twin = ax.twinx()
+    twin.plot(labels, [micro_batch * k for k in ks], "o-", color="#333", label="effective batch B x K")
+    twin.set_ylabel("effective batch B x K")
+    twin.grid(False)
+    twin.spines["right"].set_visible(True)
+    lines = ax.get_legend_handles_labels()
+    lines2 = twin.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="upper left")
+    plots.show(fig)
+
+
+# -- half precision: what autograd saves, by op and dtype --------------------------------------
+class _Origins(TorchDispatchMode):
+    """Remember, for every storage an op allocates, the op's name (the last op to allocate there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.origin: dict[int, str] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                ptr = t.untyped_storage().data_ptr()
+                if ptr not in inputs:  # a new allocation, not a view or an in-place result
+                    self.origin[ptr] = func.overloadpacket.__name__
+        return out
+
+
+def saved_tensor_bytes(forward: Callable[[], torch.Tensor], model: nn.Module) -> dict[tuple[str, str], int]:
+    """Bytes autograd saves during `forward()`, by (op that allocated it, dtype).
+
+    Runs the zero-argument `forward` once under a saved-tensor hook and counts
+    each saved storage once. Tensors that existed before the call (the model's
+    parameters and buffers, the input batch) are not activations and are left
+    out. Ops are aten names: `addmm` (a Linear), `_to_copy` (a dtype cast, e.g.
+    autocast's), `native_layer_norm`, `_softmax`, ... Call it inside
+    `torch.autocast(...)` to see what autocast keeps.
+    """
+    if not callable(forward):
+        raise TypeError(f"forward must be a zero-argument callable, got {type(forward).__name__}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    saved: dict[int, torch.Tensor] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.setdefault(t.untyped_storage().data_ptr(), t)
+        return t
+
+    origins = _Origins()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), origins:
+        out = forward()
+    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+        raise ValueError("forward must return a tensor that requires grad (a training-mode forward)")
+    table: dict[tuple[str, str], int] = {}
+    for ptr, t in saved.items():
+        op = origins.origin.get(ptr)
+        if op is None or ptr == 0:  # made before the call (parameters, buffers, the batch), or empty
+            continue
+        key = (op, str(t.dtype).removeprefix("torch."))
+        table[key] = table.get(key, 0) + t.untyped_storage().nbytes()
+    return table
+
+
+_GROUPS = {
+    "addmm": "matmul outputs", "mm": "matmul outputs", "bmm": "matmul outputs",
+    "baddbmm": "matmul outputs", "linear": "matmul outputs", "matmul": "matmul outputs",
+    "_to_copy": "autocast casts", "native_layer_norm": "LayerNorm outputs and stats",
+    "_softmax": "attention softmax", "_log_softmax": "loss (log-softmax)",
+    "nll_loss_forward": "loss (log-softmax)", "add": "residual stream (block inputs)",
+    "gelu": "GELU outputs", "clone": "q, k, v copies (attention reshapes)",
+    "arange": "positions (token indices)",
+}
+
+
+def origin_group(op: str) -> str:
+    """A learner's name for the aten op that allocated a saved tensor (e.g. addmm -> 'matmul outputs')."""
+    return _GROUPS.get(op, op)
+
+
+def plot_saved_by_origin(tables: dict[str, dict[tuple[str, str], int]]) -> None:
+    """Horizontal bars: saved bytes per op group for each run ({run label: saved_tensor_bytes table}).
+
+    Each bar is labelled with the dtype(s) of what it counts.
+    """
+    from helpers import plots
+
+    if not tables:
+        raise ValueError("tables is empty: give at least one {run label: saved_tensor_bytes(...)}")
+    grouped: dict[str, dict[str, dict[str, int]]] = {}  # group -> run -> dtype -> bytes
+    for run, table in tables.items():
+        for (op, dtype), nbytes in table.items():
+            by_dtype = grouped.setdefault(origin_group(op), {}).setdefault(run, {})
+            by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
+    totals = {g: {run: sum(d.values()) for run, d in runs.items()} for g, runs in grouped.items()}
+    keys = sorted(totals, key=lambda g: -max(totals[g].values()))
+    unit, size = plots.byte_unit(max(max(v.values()) for v in totals.values()))
+    fig, (ax,) = plots.figure(width=8.5, height=0.42 * len(keys) + 1.4)
+    height = 0.8 / len(tables)
+    for i, run in enumerate(tables):
+        for j, group in enumerate(keys):
+            value = totals[group].get(run, 0) / size
+            if not value:
+                continue
+            y = j + i * height
+            ax.barh(y, value, height=height, color=f"C{i}")
+            dtypes = "+".join(sorted(grouped[group][run]))
+            ax.text(value, y, f" {dtypes}", va="center", fontsize=7, color="#333")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=f"C{i}") for i in range(len(tables))]
+    ax.legend(handles, list(tables), fontsize=8, loc="lower right")
+    ax.set_yticks([j + 0.4 - height / 2 for j in range(len(keys))], keys, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.18 * max(max(v.values()) for v in totals.values()) / size)
+    ax.set(xlabel=f"saved for backward ({unit})", title="What autograd keeps, by op and dtype")
+    plots.show(fig)
+
+
+# -- exercises -----------------------------------------------------------------------------------
+def _number(answer: object) -> float | None:
+    if isinstance(answer, bool) or not isinstance(answer, int | float):
+        return None
+    return float(answer)
+
+
+def _close(answer: float, truth: float, rel: float) -> bool:
+    return abs(answer - truth) <= rel * abs(truth)
+
+
+def check_exercise_1(floor_bytes: object = None, per_example_bytes: object = None) -> str:
+    """Exercise 1: the small model with d_model doubled to 128 (Adam, float32).
+
+    `floor_bytes`: parameters + gradients + Adam state; `per_example_bytes`: the
+    activations of one example. Each must be within 2%. Returns "Correct: ..." or
+    a hint; never raises for a wrong answer.
+    """
+    cfg = GPTConfig(dropout=0.0, **{**_CONFIGS["small"], "d_model": 128})
+    n_elements, n_tensors = _param_counts(cfg)
+    floor = 4 * FP32 * n_elements + FP32 * n_tensors
+    per_example = activation_bytes_per_example(cfg)
+    lines = []
+    for name, answer, truth, hint in [
+        ("floor_bytes", floor_bytes, floor,
+         "count the parameters (12 d^2 per block plus the embeddings and head), then x 4 bytes x 4 "
+         "copies: weights, gradients and Adam's two moments"),
+        ("per_example_bytes", per_example_bytes, per_example,
+         "use the formula of section 3 with h = 128; the s^2 and sV terms do not change with h"),
+    ]:
+        value = _number(answer)
+        if answer is None:
+            lines.append(f"{name}: no answer yet. Hint: {hint}.")
+        elif value is None:
+            lines.append(f"{name}: give a number of bytes, got {type(answer).__name__}.")
+        elif _close(value, truth, 0.02):
+            lines.append(f"Correct: {name} = {truth:,} bytes (yours {value:,.0f}).")
+        else:
+            way = "high" if value > truth else "low"
+            lines.append(f"{name}: {value:,.0f} is too {way} (off by more than 2%). Hint: {hint}.")
+    return "\n".join(lines)
+
+
+def check_exercise_2(state_ratio: object = None) -> str:
+    """Exercise 2: SGD with momentum=0.9 keeps how many parameter-sizes of state? (measured here)."""
+    with torch.random.fork_rng(devices=[]):  # leaves the notebook's random stream alone
+        model = GPT(GPTConfig(dropout=0.0, **_CONFIGS["tiny"]))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    idx, targets = token_batch(2, model.cfg.seq_len, model.cfg.vocab_size)
+    lm_loss(model, idx, targets).backward()
+    opt.step()
+    state = sum(t.untyped_storage().nbytes() for s in opt.state.values() for t in s.values()
+                if isinstance(t, torch.Tensor))
+    truth = state / sum(p.untyped_storage().nbytes() for p in model.parameters())
+    value = _number(state_ratio)
+    if state_ratio is None:
+        return "No answer yet. Hint: momentum keeps one running buffer per parameter tensor, of its shape."
+    if value is None:
+        return f"Give a number (a multiple of the parameters' bytes), got {type(state_ratio).__name__}."
+    if _close(value, truth, 0.02):
+        return f"Correct: measured {truth:.2f} x the parameters (one momentum buffer per parameter)."
+    return (f"Not quite: {value:g} is off. Hint: Adam keeps two buffers (exp_avg, exp_avg_sq); "
+            "how many does momentum need?")
+
+
+def check_exercise_3(peak_gb: object = None) -> str:
+    """Exercise 3: the explainer's 4 x 8 peak if Adam's two moments were kept in bf16 (GB, +-0.1)."""
+    model_state = EXPLAINER_INPUTS["model_state_gb"]
+    quarter = model_state / 4  # fp32 weights, gradients, exp_avg, exp_avg_sq: four equal parts
+    truth = explainer_table()[1].peak_gb - quarter  # the two moments shrink from 2 quarters to 1
+    value = _number(peak_gb)
+    if peak_gb is None:
+        return ("No answer yet. Hint: assume the 14.5 GB is four equal float32 parts (weights, "
+                "gradients and Adam's two moments). What does bf16 do to two of them?")
+    if value is None:
+        return f"Give a number of GB, got {type(peak_gb).__name__}."
+    if abs(value - truth) <= 0.1:
+        return (f"Correct: {truth:.3f} GB. The two moments drop from 7.25 to 3.625 GB; nothing "
+                "else in the row changes.")
+    return (f"Not quite: {value:g} GB. Hint: start from the 4 x 8 row's 20.3 GB; Adam's state is half "
+            "of the 14.5 GB, and bf16 halves it.")
+
+
+# -- the per-lesson protocol ------------------------------------------------------------------
+def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:
+    """One zero-argument callable per control of lesson 01's widget, each one slider move.
+
+    Builds the model and the drawn budget as the notebook does (the budget from
+    the measured 8 x 4 peak) and moves B, K and the optimizer to their ends.
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r} is not a scale; choose one of {SCALES}")
+    model = explainer_model(scale, device)
+    sizes = lesson_sizes(scale)
+    budget = drawn_budget(measure_config(model, micro_batch=8, steps=4, max_micro_steps=2).peak_bytes)
+
+    def move(micro_batch: int = 4, steps: int = 8, optimizer: str = "adam") -> Callable[[], None]:
+        return lambda: show_update(model, micro_batch, steps, optimizer, budget)
+
+    return {
+        "B=1": move(micro_batch=1),
+        f"B={sizes.max_micro_batch}": move(micro_batch=sizes.max_micro_batch),
+        "K=1": move(steps=1),
+        f"K={sizes.max_steps}": move(steps=sizes.max_steps),
+        "optimizer sgd": move(optimizer="sgd"),
+        "optimizer adam": move(optimizer="adam"),
+    }

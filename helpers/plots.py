@@ -112,23 +112,49 @@ def stacked_bars(
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
+PHASE_SHADES = {"forward": "#e4eef8", "backward": "#f6e4e4", "optimizer": "#ebe6f6", "recompute": "#f5f0dc"}
+
+
+def phase_runs(phases: Sequence[str], min_ops: int = 3) -> list[tuple[int, int, str]]:
+    """Contiguous runs (first op, last op, phase) of a timeline's phases.
+
+    A run shorter than `min_ops` ops (e.g. the one profiler-marker op that
+    `optimizer.step()` runs before its hooks fire) is merged into the run before it.
+    """
+    runs: list[list] = []
+    for i, phase in enumerate(phases):
+        if runs and (runs[-1][2] == phase):
+            runs[-1][1] = i
+        else:
+            runs.append([i, i, phase])
+    merged: list[list] = []
+    for run in runs:
+        if merged and (run[1] - run[0] + 1 < min_ops or run[2] == merged[-1][2]):
+            merged[-1][1] = run[1]
+        else:
+            merged.append(run)
+    return [(a, b, p) for a, b, p in merged]
+
+
 def timeline(ax: Axes, series: Mapping[str, Sequence[float]], phases: Sequence[str] = (),
              *, title: str = "") -> None:
-    """Stacked area of live bytes per category against op index, with phase bands."""
+    """Stacked area of live bytes per category against op index, with labelled phase bands.
+
+    The forward, backward, optimizer and recompute phases are shaded and named
+    at the top of the axes.
+    """
     totals = [sum(v) for v in zip(*series.values(), strict=True)]
     unit, size = byte_unit(max(totals) if totals else 0)
     xs = range(len(totals))
     ax.stackplot(xs, *[[v / size for v in vals] for vals in series.values()],
                  labels=list(series), colors=[COLORS.get(k) for k in series], alpha=0.85)
-    shade = {"backward": "#f3e6e6", "optimizer": "#e6e6f3", "recompute": "#f3f0e0"}
-    start = 0
-    for i in range(1, len(phases) + 1):
-        if i == len(phases) or phases[i] != phases[start]:
-            if phases[start] in shade:
-                ax.axvspan(start, i - 1, color=shade[phases[start]], zorder=0)
-                ax.text((start + i - 1) / 2, 0.98, phases[start], transform=ax.get_xaxis_transform(),
-                        ha="center", va="top", fontsize=8, color="#555")
-            start = i
+    if totals:
+        ax.set_ylim(0, 1.15 * max(totals) / size)  # room for the phase names above the peak
+    for first, last, phase in phase_runs(phases, min_ops=max(3, len(phases) // 200)):
+        if phase in PHASE_SHADES:
+            ax.axvspan(first - 0.5, last + 0.5, color=PHASE_SHADES[phase], zorder=0, lw=0)
+            ax.text((first + last) / 2, 0.985, phase, transform=ax.get_xaxis_transform(),
+                    ha="center", va="top", fontsize=8, color="#444", fontweight="bold")
     ax.set_xlabel("op index (aten ops, in execution order)")
     ax.set_ylabel(f"live {unit}")
     ax.set_title(title)

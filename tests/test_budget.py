@@ -2,22 +2,42 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from helpers.budget import (
+    activation_bytes_per_example,
     activation_sweep,
     breakdown_for,
     budget_row,
+    check_exercise_1,
+    check_exercise_2,
+    check_exercise_3,
+    drawn_budget,
     explainer_model,
     explainer_table,
     lesson_config,
+    lesson_sizes,
     linear_fit,
+    lm_loss,
     make_optimizer,
     measure_config,
+    measure_update,
+    origin_group,
+    predicted_peak_bytes,
+    predicted_update_peak_bytes,
+    saved_tensor_bytes,
     scaled_budget,
+    widget_latency_cases,
 )
+from helpers.data import token_batch
+from helpers.device import SCALES
+from helpers.memory import saved_activation_bytes
+from helpers.models import GPT, GPTConfig
+from helpers.plots import phase_runs
 
 CPU = torch.device("cpu")
 
@@ -77,3 +97,135 @@ def test_sweep_is_linear_and_floor_is_constant() -> None:
     assert sgd is not None and sgd.breakdown["optimizer_state"] == 0
     with pytest.raises(ValueError, match="at least two"):
         activation_sweep(model, [4])
+
+
+# -- the drawn budget, the formulas, the shortcut (issue 10/11 items of lesson 01) -------------
+
+
+def test_drawn_budget_stands_to_the_tightest_row_as_24_to_23_5() -> None:
+    assert drawn_budget(23.5) == pytest.approx(24.0)
+    assert (drawn_budget(1000) - 1000) / drawn_budget(1000) == pytest.approx(0.5 / 24)
+    with pytest.raises(ValueError, match="> 0"):
+        drawn_budget(0)
+    with pytest.raises(TypeError, match="number"):
+        drawn_budget(True)
+
+
+def test_every_scale_has_its_own_sizes() -> None:
+    for scale in SCALES:
+        cfg, sizes = lesson_config(scale), lesson_sizes(scale)
+        assert cfg.dropout == 0.0 and len(sizes.micro_batches) >= 5
+        assert isinstance(predicted_peak_bytes(scale), int)
+    assert lesson_config("medium") != lesson_config("small")
+    assert predicted_peak_bytes("medium") <= 0.7 * 12e9
+    assert predicted_peak_bytes("full") <= 0.7 * 40e9
+    with pytest.raises(ValueError, match="scale='huge'"):
+        lesson_sizes("huge")
+
+
+def test_formula_matches_the_tracker_at_tiny() -> None:
+    model = explainer_model("tiny", CPU)
+    sweep = activation_sweep(model, [2, 3, 4], progress=False)
+    fit = linear_fit(list(sweep), [m.breakdown["activations"] for m in sweep.values()])
+    assert fit.slope == pytest.approx(activation_bytes_per_example(model.cfg), rel=0.01)
+    for b, m in sweep.items():
+        assert m.peak_bytes == pytest.approx(predicted_update_peak_bytes(model.cfg, b), rel=0.01)
+    one_step = measure_update(model, micro_batch=2, steps=1)
+    assert one_step.breakdown["gradients"] == 0
+    assert one_step.peak_bytes == pytest.approx(predicted_update_peak_bytes(model.cfg, 2, steps=1), rel=0.01)
+    sgd = measure_update(model, micro_batch=2, steps=2, optimizer="sgd")
+    predicted_sgd = predicted_update_peak_bytes(model.cfg, 2, optimizer="sgd")
+    assert sgd.peak_bytes == pytest.approx(predicted_sgd, rel=0.01)
+
+
+def test_formula_refuses_other_models() -> None:
+    with pytest.raises(ValueError, match="dropout=0.0"):
+        activation_bytes_per_example(GPTConfig(dropout=0.1))
+    with pytest.raises(ValueError, match="fused_attention"):
+        predicted_update_peak_bytes(GPTConfig(dropout=0.0, fused_attention=True), 2)
+    with pytest.raises(TypeError, match="GPTConfig"):
+        activation_bytes_per_example({"d_model": 64})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="micro_batch"):
+        predicted_update_peak_bytes(lesson_config("tiny"), 0)
+
+
+def test_two_micro_steps_give_the_peak_of_many() -> None:
+    model = explainer_model("tiny", CPU)
+    full = measure_update(model, micro_batch=3, steps=6)
+    short = measure_update(model, micro_batch=3, steps=6, max_micro_steps=2)
+    assert short.peak_bytes == full.peak_bytes
+    row = measure_config(model, micro_batch=3, steps=6, max_micro_steps=2)
+    assert row.steps == 6 and row.effective_batch == 18 and row.peak_bytes == full.peak_bytes
+    with pytest.raises(ValueError, match="max_micro_steps must be >= 2"):
+        measure_update(model, micro_batch=3, steps=6, max_micro_steps=1)
+    with pytest.raises(TypeError, match="steps"):
+        measure_update(model, micro_batch=3, steps=True)  # type: ignore[arg-type]
+
+
+def test_saved_tensor_bytes_by_op_and_dtype() -> None:
+    model = explainer_model("tiny", CPU)
+    idx, targets = token_batch(2, model.cfg.seq_len, model.cfg.vocab_size)
+
+    def forward() -> torch.Tensor:
+        return lm_loss(model, idx, targets)
+
+    fp32 = saved_tensor_bytes(forward, model)
+    assert sum(fp32.values()) == saved_activation_bytes(forward)  # the live tracker agrees
+    assert {dtype for _, dtype in fp32} <= {"float32", "int64"}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = saved_tensor_bytes(forward, model)
+
+    def group(table: dict[tuple[str, str], int], name: str, dtype: str | None = None) -> int:
+        return sum(n for (op, dt), n in table.items() if origin_group(op) == name and dtype in (None, dt))
+
+    assert group(bf16, "matmul outputs") == group(fp32, "matmul outputs") // 2
+    assert group(bf16, "loss (log-softmax)", "float32") == group(fp32, "loss (log-softmax)") > 0
+    assert group(bf16, "autocast casts", "bfloat16") > 0 == group(fp32, "autocast casts")
+    assert origin_group("addmm") == "matmul outputs" and origin_group("weird_op") == "weird_op"
+    with pytest.raises(TypeError, match="callable"):
+        saved_tensor_bytes(42, model)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="requires grad"):
+        saved_tensor_bytes(lambda: torch.ones(2), model)
+
+
+def test_exercise_checkers_answer_without_raising() -> None:
+    assert check_exercise_1().count("no answer yet") == 2
+    wrong = check_exercise_1(floor_bytes=1, per_example_bytes="a lot")
+    assert "too low" in wrong and "give a number" in wrong
+    cfg = dataclasses.replace(lesson_config("small"), d_model=128)
+    n = sum(p.numel() for p in GPT(cfg).parameters())
+    tensors = len(list(GPT(cfg).parameters()))
+    per_example = activation_bytes_per_example(cfg)
+    right = check_exercise_1(floor_bytes=16 * n + 4 * tensors, per_example_bytes=per_example)
+    assert right.count("Correct") == 2
+    assert check_exercise_2(1.0).startswith("Correct") and not check_exercise_2(2.0).startswith("Correct")
+    assert "No answer" in check_exercise_2() and "Give a number" in check_exercise_2("one")
+    assert check_exercise_3(16.675).startswith("Correct") and check_exercise_3(16.7).startswith("Correct")
+    assert not check_exercise_3(20.3).startswith("Correct") and "No answer" in check_exercise_3()
+    assert "Give a number" in check_exercise_3(True)
+
+
+def test_widget_cases_cover_every_control(monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import matplotlib.pyplot as plt
+
+    from helpers import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "show", lambda fig: (figures.append(fig), plt.close(fig)))
+    cases = widget_latency_cases("tiny", CPU)
+    assert set(cases) == {"B=1", "B=8", "K=1", "K=8", "optimizer sgd", "optimizer adam"}
+    for fn in cases.values():
+        fn()
+    out = capsys.readouterr().out
+    assert "effective batch B x K = 4 x 8 = 32" in out and "effective batch B x K = 8 x 8 = 64" in out
+    assert len(figures) == len(cases)  # one figure per move
+    with pytest.raises(ValueError, match="scale='huge'"):
+        widget_latency_cases("huge", CPU)
+
+
+def test_phase_runs_merge_stray_ops() -> None:
+    phases = ["start"] + ["forward"] * 5 + ["backward"] * 6 + ["forward"] + ["optimizer"] * 4 + ["forward"]
+    expected = [(0, 0, "start"), (1, 5, "forward"), (6, 12, "backward"), (13, 17, "optimizer")]
+    assert phase_runs(phases) == expected
+    assert phase_runs([]) == []
