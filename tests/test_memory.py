@@ -234,3 +234,4 @@ def test_tracker_does_not_outlive_its_region() -> None:
     del tracker
     gc.collect()
     assert ref() is None, "finalizers on the model's storages must not keep the tracker alive"
+
