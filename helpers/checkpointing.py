@@ -1,15 +1,20 @@
-"""Instruments for lesson 02: activation checkpointing, measured.
+"""Instruments for lesson 02 (notebooks/02_activation_checkpointing.ipynb): checkpointing, measured.
 
-- `saved_tensor_table`, `korthikanti_terms`, `bytes_by_term`, `dropout_mask_bytes`
-  (defined in `helpers.saved_tensors`): what autograd keeps for one block,
-  op by op, beside Korthikanti et al.'s per-layer formula.
-- `count_flops`: FLOPs of a callable, from `torch.utils.flop_counter`.
-- `make_block_wrapper`: a `model.block_wrapper` for the policies "none", "full"
-  and "selective" (save matmul outputs, recompute everything else).
-- `make_chain`, `chain_layer_costs`, `segment_sweep`: the sqrt(n) experiment
-  with `checkpoint_sequential`.
+- `saved_tensor_table`, `korthikanti_terms`, `bytes_by_term`, `dropout_mask_bytes`,
+  `attention_core_policy`, `save_matmul_outputs` (defined in `helpers.saved_tensors`):
+  what autograd keeps for one block, beside Korthikanti et al.'s per-layer formula,
+  and the selective policies.
+- `count_flops`: FLOPs of a callable, from `torch.utils.flop_counter`;
+  `interleaved_times`: warmed-up, interleaved timings with their spread (shown, never asserted).
+- `make_block_wrapper`: a `model.block_wrapper` for each policy in `POLICIES`.
+- `checkpoint_with`, `params_without_grad`: the reentrant trap (frozen inputs).
+- `make_chain`, `chain_layer_costs`, `segment_sweep`, `segment_sizes`: the sqrt(n)
+  experiment with `checkpoint_sequential`, and its uneven last segment.
 - `freeze_batchnorm_stats`: the fix for BatchNorm's double update.
-- `explore` / `plot_explore`: the pure function behind the lesson's widget.
+- `TradeOffLab`: the pure functions behind the lesson's widget (B, K, checkpointing).
+- Sizes per scale (`block_shape`, `gpt_setup`, `selective_shape`, `chain_shape`),
+  `predicted_peak_bytes` and `widget_latency_cases` (the per-lesson protocol),
+  and the exercise checkers `check_exercise_1` ... `check_exercise_4`.
 
 The checkpoint calls the lesson teaches are written out in the notebook; the
 wrappers here exist so that sweeps and the widget can switch policy.
@@ -19,40 +24,45 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Sequence
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import (
-    CheckpointPolicy,
     checkpoint,
     checkpoint_sequential,
     create_selective_checkpoint_contexts,
 )
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers.device import by_scale, median_seconds, seed_everything
-from helpers.memory import MemoryTracker, StepMemory, measure_step, saved_activation_bytes
+from helpers.device import SCALES, by_scale, synchronize
+from helpers.memory import MemoryTracker, StepMemory, run_or_oom, saved_activation_bytes
 from helpers.models import GPT, GPTConfig, MLPBlock
 from helpers.saved_tensors import (
+    QUADRATIC_TERMS,
     SavedTensor,
+    attention_core_policy,
     bytes_by_term,
     dropout_mask_bytes,
     korthikanti_terms,
+    save_matmul_outputs,
     saved_tensor_table,
 )
 
 __all__ = [
-    "CHAIN_KINDS", "POLICIES", "Explored", "SavedTensor", "SegmentPoint", "bytes_by_term",
-    "chain_layer_costs", "count_flops", "divisors", "dropout_mask_bytes", "explore",
-    "freeze_batchnorm_stats", "korthikanti_terms", "make_block_wrapper", "make_chain",
-    "plot_explore", "save_matmuls", "saved_tensor_table", "segment_cost", "segment_sweep",
-    "widget_config",
+    "CHAIN_KINDS", "POLICIES", "QUADRATIC_TERMS", "SavedTensor", "SegmentPoint", "Timing", "TradeOff",
+    "TradeOffLab", "attention_core_policy", "block_shape", "bytes_by_term", "chain_layer_costs",
+    "chain_shape", "check_exercise_1", "check_exercise_2", "check_exercise_3", "check_exercise_4",
+    "checkpoint_with", "count_flops", "divisors", "dropout_mask_bytes", "freeze_batchnorm_stats",
+    "gpt_setup", "interleaved_times", "korthikanti_terms", "make_block_wrapper", "make_chain",
+    "params_without_grad", "predicted_peak_bytes", "save_matmul_outputs", "saved_tensor_table",
+    "segment_cost", "segment_sizes", "segment_sweep", "selective_shape", "widget_latency_cases",
 ]
 
-POLICIES = ("none", "full", "selective")
+POLICIES = ("none", "full", "save-matmuls", "attention-core")
 CHAIN_KINDS = ("linear", "mlp")
 
 # ---------------------------------------------------------------------------
@@ -76,47 +86,122 @@ def count_flops(fn: Callable[[], object]) -> int:
 # Policies as block wrappers
 # ---------------------------------------------------------------------------
 
-MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
-
-
-def save_matmuls(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
-    """Selective policy: keep the outputs of the Linear matmuls, recompute the rest.
-
-    The rest is the cheap pointwise work and the attention core (q @ k^T,
-    softmax, dropout, @ v), whose (s x s) tensors are the big ones.
-    """
-    return CheckpointPolicy.MUST_SAVE if op in MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
-
-
 def make_block_wrapper(
     policy: str, every: int = 1
 ) -> Callable[[nn.Module, torch.Tensor], torch.Tensor] | None:
     """A `model.block_wrapper` for `policy` in POLICIES, applied to every `every`-th block.
 
-    "none" returns None (no checkpointing). "full" and "selective" call
-    `checkpoint(block, x, use_reentrant=False)`, the latter with
-    `context_fn` from `create_selective_checkpoint_contexts(save_matmuls)`.
+    "none" returns None (no checkpointing). The others call
+    `checkpoint(block, x, use_reentrant=False)`: "full" keeps only the block's
+    input, "save-matmuls" passes `context_fn` from
+    `create_selective_checkpoint_contexts(save_matmul_outputs)`, and
+    "attention-core" the same with `attention_core_policy` (Korthikanti et al.'s
+    selective recomputation; the block needs `block.attn.n_heads`).
     Blocks are counted in call order within one forward; every `every`-th one
     (the first, then every `every` after it) is checkpointed.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r} is not a policy; choose one of {POLICIES}")
-    if not isinstance(every, int) or every < 1:
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
         raise ValueError(f"every must be an int >= 1, got {every!r}")
     if policy == "none":
         return None
-    kwargs = {}
-    if policy == "selective":
-        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, save_matmuls)
     seen: dict[int, int] = {}
+
+    def context_for(block: nn.Module, x: torch.Tensor) -> dict[str, object]:
+        if policy == "full":
+            return {}
+        chosen = save_matmul_outputs if policy == "save-matmuls" else attention_core_policy(
+            x.shape[0], block.attn.n_heads)
+        return {"context_fn": functools.partial(create_selective_checkpoint_contexts, chosen)}
 
     def wrapper(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
         index = seen.setdefault(id(block), len(seen))
         if index % every:
             return block(x)
-        return checkpoint(block, x, use_reentrant=False, **kwargs)
+        return checkpoint(block, x, use_reentrant=False, **context_for(block, x))
 
     return wrapper
+
+
+def checkpoint_with(fn: Callable[..., torch.Tensor], *args: object, reentrant: bool,
+                    **kwargs: object) -> torch.Tensor:
+    """`checkpoint(fn, *args, use_reentrant=reentrant, **kwargs)`, for the lesson's reentrant demo.
+
+    The lessons always pass `use_reentrant=False`; this exists only to show what
+    the old reentrant implementation does when no input of the region requires grad.
+    """
+    if not isinstance(reentrant, bool):
+        raise TypeError(f"reentrant must be a bool, got {type(reentrant).__name__} {reentrant!r}")
+    options = {"use_reentrant": reentrant, **kwargs}
+    return checkpoint(fn, *args, **options)
+
+
+def params_without_grad(model: nn.Module) -> list[str]:
+    """Names of the trainable parameters (requires_grad) whose `.grad` is None after a backward."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    return [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+
+
+# ---------------------------------------------------------------------------
+# Time: shown, never asserted
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock seconds of repeated runs: the median and the spread (min and max)."""
+
+    median: float
+    low: float
+    high: float
+    runs: int
+
+    def scaled(self, factor: float) -> Timing:
+        """The same timing multiplied by `factor` (e.g. K micro-steps per update)."""
+        return Timing(self.median * factor, self.low * factor, self.high * factor, self.runs)
+
+    def describe(self) -> str:
+        """E.g. '12.3 ms (min-max 11.9-14.0 ms, 5 runs)'."""
+        return (f"{1e3 * self.median:.1f} ms (min-max {1e3 * self.low:.1f}-{1e3 * self.high:.1f} ms, "
+                f"{self.runs} runs)")
+
+
+def interleaved_times(
+    fns: Mapping[str, Callable[[], object]], *, device: torch.device | str = "cpu",
+    repeats: int = 5, warmup: int = 1,
+) -> dict[str, Timing]:
+    """Time each callable `repeats` times, interleaved, after `warmup` untimed runs of each.
+
+    Round r runs every callable once, in forward order on even rounds and reversed
+    on odd ones, so a slow spell of a shared machine hits all of them alike. On
+    CUDA the device is synchronized around each run. Timings are for showing:
+    on a shared CPU they are noisy, and lessons never assert on them.
+    """
+    if not fns or not all(callable(f) for f in fns.values()):
+        raise ValueError(f"fns must be a non-empty mapping of name -> callable, got {fns!r}")
+    for name, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    device = torch.device(device)
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            synchronize(device)
+            start = time.perf_counter()
+            fns[name]()
+            synchronize(device)
+            samples[name].append(time.perf_counter() - start)
+    out = {}
+    for name, times in samples.items():
+        times.sort()
+        out[name] = Timing(times[len(times) // 2], times[0], times[-1], len(times))
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -196,6 +281,20 @@ def _segment_point(chain: nn.Sequential, x: torch.Tensor, k: int) -> SegmentPoin
     return SegmentPoint(k, saved, peak)
 
 
+def segment_sizes(n: int, k: int) -> list[int]:
+    """Layers per segment when `checkpoint_sequential` cuts `n` layers into `k` segments.
+
+    Every segment but the last has `n // k` layers; the last takes the rest
+    (pytorch/pytorch #68423), and the last segment is not checkpointed.
+    9 layers in 5 segments: [1, 1, 1, 1, 5].
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    _check_segments(n, k)
+    size = n // k
+    return [size] * (k - 1) + [n - size * (k - 1)]
+
+
 def divisors(n: int) -> list[int]:
     """The k in 1..n that divide n: segment counts for which every segment is equal."""
     if not isinstance(n, int) or n < 1:
@@ -235,93 +334,361 @@ def freeze_batchnorm_stats(model: nn.Module) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------
-# Widget
+# Sizes per scale (one source for the notebook and for `predicted_peak_bytes`)
+# ---------------------------------------------------------------------------
+
+
+def block_shape(scale: str) -> tuple[int, int, int, int]:
+    """(b, s, h, a) of the single block in section 1: micro-batch, sequence, hidden, heads."""
+    return by_scale(scale, tiny=(4, 32, 32, 2), small=(8, 64, 64, 4), medium=(4, 1024, 512, 8),
+                    full=(8, 1024, 1024, 16))
+
+
+def selective_shape(scale: str) -> tuple[int, int, int, int]:
+    """(b, s, h, a) of the block that tests Korthikanti's selective recomputation (a*s/h = 16)."""
+    return by_scale(scale, tiny=(2, 64, 16, 4), small=(4, 256, 64, 4), medium=(2, 1024, 512, 8),
+                    full=(4, 1024, 1024, 16))
+
+
+def gpt_setup(scale: str) -> tuple[GPTConfig, int]:
+    """(config, micro-batch) of the GPT that sections 2-9 checkpoint."""
+    cfg = by_scale(
+        scale,
+        tiny=GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=8, dropout=0.1),
+        small=GPTConfig(vocab_size=128, seq_len=64, d_model=64, n_heads=4, n_layers=8, dropout=0.1),
+        medium=GPTConfig(vocab_size=8192, seq_len=1024, d_model=512, n_heads=8, n_layers=8, dropout=0.1),
+        full=GPTConfig(vocab_size=8192, seq_len=1024, d_model=1024, n_heads=16, n_layers=12, dropout=0.1),
+    )
+    return cfg, by_scale(scale, tiny=4, small=8, medium=4, full=4)
+
+
+def chain_shape(scale: str) -> tuple[int, int]:
+    """(width, batch) of the layer chains in the sqrt(n) section."""
+    return by_scale(scale, tiny=(32, 16), small=(128, 64), medium=(1024, 512), full=(1024, 1024))
+
+
+def widget_max_micro_batch(scale: str) -> int:
+    """The largest micro-batch the widget's slider offers at `scale`."""
+    return by_scale(scale, tiny=8, small=16, medium=8, full=8)
+
+
+WIDGET_MAX_STEPS = 16
+CHAIN_LENGTHS = (16, 36, 64)
+
+
+def _gpt_params(cfg: GPTConfig) -> int:
+    h, v = cfg.d_model, cfg.vocab_size
+    per_block = 12 * h * h + 13 * h  # qkv, proj, fc, fc_out with biases; two LayerNorms
+    return v * h + cfg.seq_len * h + cfg.n_layers * per_block + 2 * h + h * v
+
+
+def _gpt_peak(cfg: GPTConfig, b: int) -> float:
+    """16 bytes per parameter (fp32 weights, gradients, Adam's two moments) + activations.
+
+    Activations: Korthikanti's per-layer bytes in fp32 with 4-byte dropout masks
+    (CPU's; CUDA keeps 1 byte, so this is an upper bound) for every block plus one
+    more for backward's working set, and three logits-sized tensors for the loss.
+    """
+    s, h, a = cfg.seq_len, cfg.d_model, cfg.n_heads
+    layer = sum(korthikanti_terms(s=s, b=b, h=h, a=a, act_bytes=4, mask_bytes=4,
+                                  dropout=cfg.dropout > 0).values())
+    logits = 3 * b * s * cfg.vocab_size * 4
+    return 16 * _gpt_params(cfg) + (cfg.n_layers + 1) * layer + logits
+
+
+def predicted_peak_bytes(scale: str) -> int:
+    """Predicted peak memory of lesson 02's largest experiment at `scale`, from its formulas.
+
+    The candidates: the section GPT's Adam step (section 7), the widget's model at
+    its largest micro-batch (section 10), and the single blocks of sections 1 and 5
+    (twice their Korthikanti bytes: saved tensors plus backward's temporaries).
+    No tensor is allocated.
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r} is not a scale; choose one of {SCALES}")
+    from helpers.budget import lesson_config
+
+    cfg, b = gpt_setup(scale)
+    candidates = [_gpt_peak(cfg, b), _gpt_peak(lesson_config(scale), widget_max_micro_batch(scale))]
+    for bb, s, h, a in (block_shape(scale), selective_shape(scale)):
+        candidates.append(2 * sum(korthikanti_terms(s=s, b=bb, h=h, a=a, act_bytes=4, mask_bytes=4).values()))
+    width, batch = chain_shape(scale)
+    candidates.append(max(CHAIN_LENGTHS) * 8 * width * batch * 4)  # MLP chain, k = 1: ~6-7 boundaries a layer
+    return int(max(candidates))
+
+
+# ---------------------------------------------------------------------------
+# Widget: B, K and checkpointing, beside the explainer's three rows
 # ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Explored:
-    """One widget answer: memory and cost of a checkpointed step vs no checkpointing."""
+class TradeOff:
+    """One configuration: micro-batch B, K accumulation steps, with or without checkpointing.
 
-    policy: str
+    Memory comes from a measured update (`helpers.budget.measure_update`), FLOPs
+    from FlopCounterMode on one micro-step times K, time from interleaved
+    micro-step timings times K (shown, not asserted).
+    """
+
+    micro_batch: int
+    steps: int
+    checkpointed: bool
     memory: StepMemory
-    baseline: StepMemory
-    flops: int
-    baseline_flops: int
-    seconds: float
-    baseline_seconds: float
+    flops_per_update: int
+    plain_flops_per_update: int
+    time_per_update: Timing
 
     @property
-    def extra_flops(self) -> float:
-        """Extra FLOPs as a fraction of the step without checkpointing."""
-        return self.flops / self.baseline_flops - 1.0
+    def effective_batch(self) -> int:
+        """Examples per optimizer update: B x K."""
+        return self.micro_batch * self.steps
+
+    @property
+    def extra_flops(self) -> int:
+        """FLOPs per update beyond the same B x K without checkpointing."""
+        return self.flops_per_update - self.plain_flops_per_update
+
+    @property
+    def label(self) -> str:
+        """E.g. '4 x 8, checkpointed'."""
+        return f"{self.micro_batch} x {self.steps}" + (", checkpointed" if self.checkpointed else "")
 
 
-def widget_config(scale: str, n_layers: int) -> GPTConfig:
-    """The GPT the widget builds at `scale` with `n_layers` blocks."""
-    d, s = by_scale(scale, tiny=(16, 16), small=(32, 32), full=(1024, 1024))
-    return GPTConfig(vocab_size=128, seq_len=s, d_model=d, n_heads=4, n_layers=n_layers,
-                     dropout=0.1)
+REFERENCE_ROWS = ((8, 4, False), (4, 8, False), (4, 8, True))
 
 
-def explore(
-    n_layers: int = 8, every: int = 1, micro_batch: int = 8, policy: str = "full", *,
-    scale: str = "small", device: torch.device | str = "cpu", seed: int = 0, repeats: int = 2,
-) -> Explored:
-    """Measure one training step of a GPT with `policy` on every `every`-th block.
+class TradeOffLab:
+    """Measures `TradeOff`s on one model and caches what a slider move does not change.
 
-    Returns the memory breakdown (`measure_step`), counted FLOPs and the median
-    step time, each beside the same step without checkpointing.
+    - memory: a measured update of min(K, 2) micro-steps, cached per (B, min(K, 2),
+      checkpointed): from the second micro-step on, the peak is the same for any K
+      (the notebook asserts this once against a full K-step update);
+    - FLOPs and time of one micro-step, with and without checkpointing, cached per B;
+      per update they are K times that (the notebook asserts it for FLOPs).
     """
-    if not isinstance(n_layers, int) or n_layers < 1:
-        raise ValueError(f"n_layers must be an int >= 1, got {n_layers!r}")
-    if not isinstance(every, int) or not 1 <= every <= n_layers:
-        raise ValueError(f"every must be an int in [1, n_layers={n_layers}], got {every!r}")
-    if not isinstance(micro_batch, int) or micro_batch < 1:
-        raise ValueError(f"micro_batch must be an int >= 1, got {micro_batch!r}")
-    if policy not in POLICIES:
-        raise ValueError(f"policy={policy!r} is not a policy; choose one of {POLICIES}")
-    seed_everything(seed)
-    cfg = widget_config(scale, n_layers)
-    model = GPT(cfg).to(device)
-    gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, cfg.vocab_size, (micro_batch, cfg.seq_len), generator=gen).to(device)
 
-    def step() -> None:
-        logits = model(idx)
-        F.cross_entropy(logits.flatten(0, 1), idx.flatten()).backward()
-        model.zero_grad(set_to_none=True)
+    def __init__(self, model: GPT, *, repeats: int = 3, optimizer: str = "adam") -> None:
+        if not isinstance(model, GPT):
+            raise TypeError(f"model must be a helpers.models.GPT, got {type(model).__name__}")
+        self.model = model
+        self.repeats = repeats
+        self.optimizer = optimizer
+        self._memory: dict[tuple[int, int, bool], StepMemory] = {}
+        self._micro: dict[int, tuple[int, int, Timing, Timing]] = {}
 
-    def measure(name: str) -> tuple[StepMemory, int, float]:
-        model.block_wrapper = make_block_wrapper(name, every)
-        memory = measure_step(step, model=model)
-        flops = count_flops(step)
-        seconds = median_seconds(step, device=torch.device(device), repeats=repeats, warmup=1)
-        return memory, flops, seconds
+    @staticmethod
+    def wrapper(checkpointed: bool) -> Callable[[nn.Module, torch.Tensor], torch.Tensor] | None:
+        """The block wrapper: `checkpoint(block, x, use_reentrant=False)` or None."""
+        if not checkpointed:
+            return None
+        return lambda block, x: checkpoint(block, x, use_reentrant=False)
 
-    key = (n_layers, micro_batch, scale, str(device), seed, repeats)
-    if key not in _BASELINES:  # the no-checkpointing step does not depend on policy/every
-        _BASELINES.clear()
-        _BASELINES[key] = measure("none")
-    base, base_flops, base_s = _BASELINES[key]
-    mem, flops, secs = (base, base_flops, base_s) if policy == "none" else measure(policy)
-    return Explored(policy, mem, base, flops, base_flops, secs, base_s)
+    def micro_step(self, micro_batch: int, checkpointed: bool) -> Callable[[], None]:
+        """One forward + backward of `micro_batch` examples (gradients cleared after)."""
+        from helpers.budget import lm_loss
+        from helpers.data import token_batch
+
+        cfg, model = self.model.cfg, self.model
+        device = next(model.parameters()).device
+        idx, targets = token_batch(micro_batch, cfg.seq_len, cfg.vocab_size, seed=0, device=device)
+        wrapper = self.wrapper(checkpointed)
+
+        def step() -> None:
+            previous, model.block_wrapper = model.block_wrapper, wrapper
+            try:
+                lm_loss(model, idx, targets).backward()
+            finally:
+                model.block_wrapper = previous
+                model.zero_grad(set_to_none=True)
+
+        return step
+
+    def _micro_costs(self, b: int) -> tuple[int, int, Timing, Timing]:
+        if b not in self._micro:
+            plain, ckpt = self.micro_step(b, False), self.micro_step(b, True)
+            flops = count_flops(plain), count_flops(ckpt)  # these runs also warm both steps up
+            times = interleaved_times({"plain": plain, "ckpt": ckpt},
+                                      device=next(self.model.parameters()).device,
+                                      repeats=self.repeats, warmup=0)
+            self._micro[b] = (*flops, times["plain"], times["ckpt"])
+        return self._micro[b]
+
+    def measure(self, micro_batch: int, steps: int, checkpointed: bool) -> TradeOff | None:
+        """The trade-off of B x K (checkpointed or not), or None when CUDA runs out of memory."""
+        from helpers.budget import measure_update
+
+        for name, value, high in (("micro_batch", micro_batch, None), ("steps", steps, None)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__} {value!r}")
+            if value < 1 or (high is not None and value > high):
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(checkpointed, bool):
+            raise TypeError(f"checkpointed must be a bool, got {type(checkpointed).__name__}")
+        key = (micro_batch, min(steps, 2), checkpointed)
+        if key not in self._memory:
+            mem = run_or_oom(lambda: measure_update(self.model, micro_batch=micro_batch, steps=key[1],
+                                                    optimizer=self.optimizer,
+                                                    block_wrapper=self.wrapper(checkpointed)))
+            if mem is None:
+                return None
+            self._memory[key] = mem
+        costs = run_or_oom(lambda: self._micro_costs(micro_batch))
+        if costs is None:
+            return None
+        plain_flops, ckpt_flops, plain_t, ckpt_t = costs
+        flops = ckpt_flops if checkpointed else plain_flops
+        timing = (ckpt_t if checkpointed else plain_t).scaled(steps)
+        return TradeOff(micro_batch, steps, checkpointed, self._memory[key], steps * flops,
+                        steps * plain_flops, timing)
+
+    def show(self, micro_batch: int = 4, steps: int = 8, checkpointed: bool = False) -> None:
+        """The widget's work: your B x K beside the explainer's three rows, drawn and printed."""
+        from helpers import plots
+
+        yours = self.measure(micro_batch, steps, checkpointed)
+        print(f"effective batch B x K = {micro_batch} x {steps} = {micro_batch * steps}")
+        if yours is None:
+            print(f"{micro_batch} x {steps}: OOM on this device; pick a smaller micro-batch")
+            return
+        rows = [r for r in (self.measure(*ref) for ref in REFERENCE_ROWS) if r is not None]
+        labels = [r.label for r in rows] + [f"yours: {yours.label}"]
+        rows.append(yours)
+        fig = plot_trade_offs(rows, [label.replace(", ", "\n").replace(": ", ":\n") for label in labels])
+        for label, r in zip(labels, rows, strict=True):
+            print(f"{label:>26}: peak {plots.format_bytes(r.memory.peak_bytes):>10}, activations "
+                  f"{plots.format_bytes(r.memory.breakdown['activations']):>10}, extra FLOPs/update "
+                  f"{100 * r.extra_flops / r.plain_flops_per_update:+4.0f}%, time/update "
+                  f"{r.time_per_update.describe()}")
+        print("Time is K x the median micro-step of interleaved runs: shown, not asserted "
+              "(noisy on a shared CPU).")
+        plots.show(fig)
 
 
-_BASELINES: dict[tuple, tuple[StepMemory, int, float]] = {}
+def plot_trade_offs(rows: Sequence[TradeOff], labels: Sequence[str]) -> object:
+    """Left: peak broken into floor / activations / other. Right: time per update, extra FLOPs on top."""
+    from helpers import plots
 
-
-def plot_explore(result: Explored) -> object:
-    """Bars of the two breakdowns, and a title with the FLOPs and time readout."""
-    from helpers.plots import figure, stacked_bars
-
-    fig, (ax,) = figure(1, width=6.5, height=3.4)
-    stacked_bars(ax, {"no checkpointing": result.baseline.breakdown,
-                      f"{result.policy}": result.memory.breakdown},
-                 title=f"peak memory ({result.memory.method})")
-    ax.set_xlabel(
-        f"extra FLOPs {100 * result.extra_flops:+.0f}% | step time "
-        f"{1e3 * result.baseline_seconds:.0f} -> {1e3 * result.seconds:.0f} ms "
-        f"({result.seconds / result.baseline_seconds:.2f}x)"
-    )
+    if not rows or len(rows) != len(labels):
+        raise ValueError(f"need one label per row, got {len(rows)} rows and {len(labels)} labels")
+    fig, (left, right) = plots.figure(2, width=11, height=3.6)
+    data = {label: {"parameters + gradients + optimizer_state": r.memory.floor_bytes,
+                    "activations": r.memory.breakdown["activations"],
+                    "other": r.memory.breakdown["other"]} for label, r in zip(labels, rows, strict=True)}
+    plots.stacked_bars(left, data, title=f"peak of one update ({rows[0].memory.method})")
+    left.tick_params(axis="x", labelsize=8)
+    ms = [1e3 * r.time_per_update.median for r in rows]
+    err = [[1e3 * (r.time_per_update.median - r.time_per_update.low) for r in rows],
+           [1e3 * (r.time_per_update.high - r.time_per_update.median) for r in rows]]
+    xs = range(len(rows))
+    right.bar(xs, ms, yerr=err, capsize=3, color=["#4C72B0"] * (len(rows) - 1) + ["#DD8452"])
+    for x, r in zip(xs, rows, strict=True):
+        top = 1e3 * r.time_per_update.high
+        right.annotate(f"{100 * r.extra_flops / r.plain_flops_per_update:+.0f}% FLOPs", (x, top),
+                       ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+    right.set_xticks(list(xs), list(labels), fontsize=8)
+    right.set_ylim(0, 1.15 * max(1e3 * r.time_per_update.high for r in rows))
+    right.set_ylabel("ms per update (median, min-max)")
+    right.set_title("time per update: shown, not asserted")
     return fig
+
+
+def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:
+    """One zero-argument callable per widget control move, doing that move's full work.
+
+    Builds the widget's model (`helpers.budget.explainer_model`) and a `TradeOffLab`
+    as the notebook does; each case redraws from the default (B=4, K=8, off).
+    """
+    from helpers.budget import explainer_model
+
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r} is not a scale; choose one of {SCALES}")
+    lab = TradeOffLab(explainer_model(scale, device))
+    top = widget_max_micro_batch(scale)
+    return {
+        "B=2": lambda: lab.show(2, 8, False),
+        f"B={top}": lambda: lab.show(top, 8, False),
+        "K=1": lambda: lab.show(4, 1, False),
+        f"K={WIDGET_MAX_STEPS}": lambda: lab.show(4, WIDGET_MAX_STEPS, False),
+        "checkpoint on": lambda: lab.show(4, 8, True),
+    }
+
+
+# ---------------------------------------------------------------------------
+# Exercise checkers: they return a message and never raise for a wrong answer
+# ---------------------------------------------------------------------------
+
+
+def _number(answer: object) -> float | None:
+    if isinstance(answer, bool) or not isinstance(answer, int | float) or not math.isfinite(answer):
+        return None
+    return float(answer)
+
+
+def check_exercise_1(s: object) -> str:
+    """Exercise 1: the sequence length at which 5as/h overtakes 34 for h = 64, a = 4 (16-bit)."""
+    value = _number(s)
+    exact = 34 * 64 / (5 * 4)  # 108.8
+    if value is None:
+        return f"Hint: answer with a number (a sequence length), got {s!r}."
+    if abs(value - exact) <= 1.5:
+        return (f"Correct: 5as/h > 34 means s > 34h / (5a) = {exact:.1f}, so from s = 109 on the s^2 "
+                "terms are the bigger part (in fp32 with 4-byte CPU masks: 12as/h > 66, s > 88).")
+    return "Hint: set 5 * a * s / h equal to 34 and solve for s with h = 64, a = 4."
+
+
+def check_exercise_2(policy: object) -> str:
+    """Exercise 2: a selective policy that saves only the softmax output.
+
+    Runs a small block with the policy and compares what it keeps with "full"
+    (only the input) and "none" (everything): the policy should keep the input
+    plus one softmax output, a*s^2*b floats.
+    """
+    if not callable(policy):
+        return ("Hint: pass your policy function (ctx, op, *args, **kwargs) -> CheckpointPolicy, "
+                f"got {policy!r}.")
+    from helpers.models import GPTBlock
+
+    b, s, h, a = 2, 32, 16, 2
+    block = GPTBlock(GPTConfig(seq_len=s, d_model=h, n_heads=a, dropout=0.0))
+    x = torch.randn(b, s, h, requires_grad=True)
+    context = functools.partial(create_selective_checkpoint_contexts, policy)
+    try:
+        kept = saved_activation_bytes(
+            lambda: checkpoint(block, x + 0, use_reentrant=False, context_fn=context))
+    except Exception as exc:  # noqa: BLE001 - a learner's policy may fail in any way
+        return f"Hint: running a block with your policy raised {type(exc).__name__}: {exc}"
+    full = saved_activation_bytes(lambda: checkpoint(block, x + 0, use_reentrant=False))
+    softmax = a * s * s * b * 4
+    if abs(kept - (full + softmax)) <= 0.02 * softmax:
+        return (f"Correct: it keeps {kept} B = the block input ({full} B) + one softmax output "
+                f"({softmax} B). In FLOPs it costs about as much as full checkpointing: every matmul "
+                "is recomputed.")
+    return (f"Hint: your policy keeps {kept} B; the input alone is {full} B and one softmax output "
+            f"{softmax} B. Return MUST_SAVE only for torch.ops.aten._softmax.default.")
+
+
+def check_exercise_3(a_over_b: object) -> str:
+    """Exercise 3: a/b of a Linear + ReLU layer (input of Linear and output of ReLU kept)."""
+    value = _number(a_over_b)
+    if value is None:
+        return f"Hint: answer with the ratio a/b as a number, got {a_over_b!r}."
+    if abs(value - 2.0) <= 0.1:
+        return ("Correct: each layer now keeps the Linear's input and the ReLU's output (a = 2b), so the "
+                "best k moves up to sqrt(2n): about 5.7 for n = 16 (4 or 8 among the divisors).")
+    return ("Hint: count what backward needs: Linear keeps its input, ReLU its output. "
+            "Both are boundary-sized.")
+
+
+def check_exercise_4(flops_factor: object, peak_factor: object) -> str:
+    """Exercise 4: doubling K at a fixed B multiplies extra FLOPs per update and the peak by what?"""
+    f, p = _number(flops_factor), _number(peak_factor)
+    if f is None or p is None:
+        return f"Hint: answer with two numbers, got {flops_factor!r}, {peak_factor!r}."
+    if abs(f - 2) <= 0.05 and abs(p - 1) <= 0.05:
+        return ("Correct: every micro-step recomputes its blocks once, so extra FLOPs per update double; "
+                "the peak holds one micro-batch's activations at a time, so it stays flat.")
+    if abs(f - 2) <= 0.05:
+        return ("Half right: the FLOPs double. Look at the peak again: how many micro-batches are "
+                "alive at once?")
+    return "Hint: the recompute happens once per micro-step. How many micro-steps does doubling K add?"

@@ -5,18 +5,22 @@
 - `korthikanti_terms`: sbh(34 + 5as/h) term by term, adapted to the bytes per
   element of activations and of dropout masks.
 - `dropout_mask_bytes`: how many bytes per element this device's dropout keeps.
+- `attention_core_policy`: Korthikanti et al.'s *selective recomputation* as a
+  selective-checkpoint policy: recompute the attention core, save the rest.
+- `save_matmul_outputs`: a cruder policy (keep Linear outputs, recompute all else).
 
 Lesson 02 reaches these through `helpers.checkpointing`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy
 
 from helpers.memory import saved_activation_bytes
 
@@ -38,6 +42,8 @@ KORTHIKANTI = (
     ("fc_out input (GELU output)", 8, "sbh", "act"),
     ("MLP dropout mask", 1, "sbh", "mask"),
 )
+# The terms that grow with s^2: the attention core's softmax output, its dropout mask and output.
+QUADRATIC_TERMS = ("softmax output", "attention dropout mask", "attention dropout output")
 _DROPOUT_ONLY = {"attention dropout mask", "attention dropout output", "projection dropout mask",
                  "MLP dropout mask"}
 
@@ -190,3 +196,70 @@ def bytes_by_term(rows: Sequence[SavedTensor]) -> dict[str, int]:
     for row in rows:
         out[row.term] = out.get(row.term, 0) + row.nbytes
     return out
+
+
+# ---------------------------------------------------------------------------
+# Selective-checkpoint policies
+# ---------------------------------------------------------------------------
+
+Policy = Callable[..., CheckpointPolicy]
+_LINEAR_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+# Redone on recompute at no FLOP cost: applying a dropout mask (CPU: mul; CUDA: the fused
+# native_dropout) and making the mask (CPU: empty_like().bernoulli_().div_()), whose random draw
+# the restored RNG state repeats. In-place ops cannot be cached at all: autograd bumps the
+# tensor's version after the policy's mode has cached it, and the checkpoint then refuses it.
+_FREE_TO_REDO = (torch.ops.aten.mul.Tensor, torch.ops.aten.native_dropout.default,
+                 torch.ops.aten.empty_like.default)
+
+
+def save_matmul_outputs(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
+    """Policy: keep the outputs of the Linear matmuls (`mm`, `addmm`), recompute everything else.
+
+    "Everything else" is LayerNorm, GELU, every dropout and the whole attention
+    core. It is *not* Korthikanti et al.'s scheme, which keeps LayerNorm, GELU
+    and the residual dropouts and recomputes only the attention core
+    (`attention_core_policy`).
+    """
+    return CheckpointPolicy.MUST_SAVE if op in _LINEAR_MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def attention_core_policy(batch: int, n_heads: int) -> Policy:
+    """Korthikanti et al.'s selective recomputation for a `helpers.models.GPTBlock`.
+
+    The returned policy recomputes the attention core: Q K^T, the scaling and
+    causal mask, softmax, the softmax dropout and the product with V. Those are
+    exactly the ops on the per-head tensors, shaped (batch, n_heads, ., .) or,
+    inside the batched matmuls, (batch * n_heads, ., .). Every other op is saved,
+    except the residual dropouts, which cost no FLOPs to redo: their masks are
+    redrawn from the restored RNG state (`preserve_rng_state=True`, the default)
+    and applied again.
+
+    Two honest differences from the formula's 34sbh (16-bit) that stay: a
+    selective checkpoint keeps the *outputs* of the ops it saves, and the outputs
+    of `attn.proj` and `fc_out` feed only a dropout, whose backward needs just
+    the mask, so plain autograd drops them and this policy keeps them (2sbh
+    activation elements); and the two residual dropout masks are redrawn, not
+    kept (2sbh mask elements).
+    The sequence length must differ from `n_heads` (else the two layouts look alike).
+    """
+    for name, value, low in (("batch", batch, 1), ("n_heads", n_heads, 2)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int >= {low}, got {type(value).__name__} {value!r}")
+        if value < low:  # one head would make (batch * heads, s, .) look like (batch, s, hidden)
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    rows = batch * n_heads
+
+    def per_head(t: object) -> bool:
+        if not isinstance(t, torch.Tensor):
+            return False
+        return (t.dim() == 4 and tuple(t.shape[:2]) == (batch, n_heads)) or (
+            t.dim() == 3 and t.shape[0] == rows)
+
+    def policy(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
+        if op is torch.ops.aten.bmm.default or any(per_head(t) for t in args):
+            return CheckpointPolicy.MUST_RECOMPUTE
+        if op in _FREE_TO_REDO or getattr(getattr(op, "_schema", None), "is_mutable", False):
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE
+
+    return policy

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import warnings
 
 import matplotlib.pyplot as plt
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from helpers import checkpointing as ckpt
 from helpers.data import image_batch, token_batch
@@ -103,7 +105,7 @@ def test_block_wrapper_arguments() -> None:
 def test_full_and_selective_checkpointing() -> None:
     model, idx, targets = _gpt(n_layers=4)
     saved, extra, grads = {}, {}, {}
-    for policy in ckpt.POLICIES:
+    for policy in ckpt.POLICIES:  # none, full, save-matmuls, attention-core
         model.block_wrapper = ckpt.make_block_wrapper(policy)
         saved[policy] = saved_activation_bytes(lambda: _loss(model, idx, targets))
 
@@ -117,10 +119,11 @@ def test_full_and_selective_checkpointing() -> None:
         grads[policy] = torch.cat([p.grad.flatten() for p in model.parameters()])
         model.zero_grad(set_to_none=True)
     model.block_wrapper = None
-    assert saved["full"] < saved["selective"] < saved["none"]
-    assert extra["none"] < extra["selective"] < extra["full"]
+    for selective in ("save-matmuls", "attention-core"):
+        assert saved["full"] < saved[selective] < saved["none"]
+        assert extra["none"] < extra[selective] < extra["full"]
+        torch.testing.assert_close(grads[selective], grads["none"])
     torch.testing.assert_close(grads["full"], grads["none"])
-    torch.testing.assert_close(grads["selective"], grads["none"])
 
 
 def test_every_other_block_lands_between() -> None:
@@ -208,27 +211,168 @@ def test_freeze_batchnorm_restores_momentum() -> None:
     assert bn.momentum == 0.1 and int(bn.num_batches_tracked) == 0
 
 
-@pytest.mark.parametrize(
-    "kwargs, match",
-    [({"n_layers": 0}, "n_layers"), ({"every": 0}, "every"), ({"every": 9}, "every"),
-     ({"micro_batch": 0}, "micro_batch"), ({"policy": "half"}, "policy")],
-)
-def test_explore_rejects_bad_arguments(kwargs: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        ckpt.explore(**{"n_layers": 8, "scale": "tiny", **kwargs})
+def test_trade_off_lab_widget_function() -> None:
+    from helpers.budget import explainer_model
+
+    lab = ckpt.TradeOffLab(explainer_model("tiny", torch.device("cpu")), repeats=1)
+    plain, ckpt_row = lab.measure(2, 4, False), lab.measure(2, 4, True)
+    assert plain.effective_batch == ckpt_row.effective_batch == 8
+    assert ckpt_row.memory.breakdown["activations"] < plain.memory.breakdown["activations"]
+    assert plain.extra_flops == 0 < ckpt_row.extra_flops
+    assert ckpt_row.flops_per_update == 2 * lab.measure(2, 2, True).flops_per_update  # linear in K
+    assert lab.measure(2, 8, True).memory == ckpt_row.memory  # peak flat in K (cached from K = 2)
+    assert ckpt_row.label == "2 x 4, checkpointed"
+    with pytest.raises(ValueError, match="micro_batch"):
+        lab.measure(0, 4, False)
+    with pytest.raises(TypeError, match="steps"):
+        lab.measure(2, True, False)
+    with pytest.raises(TypeError):
+        ckpt.TradeOffLab(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+    lab.show(2, 4, True)
+    plt.close("all")
 
 
-def test_explore_widget_function() -> None:
-    result = ckpt.explore(4, 1, 2, "full", scale="tiny", repeats=1)
-    assert result.memory.breakdown["activations"] < result.baseline.breakdown["activations"]
-    assert result.memory.peak_bytes < result.baseline.peak_bytes
-    assert 0 < result.extra_flops <= 1.0
-    assert result.memory.method == "cpu-tracker"
-    none = ckpt.explore(4, 1, 2, "none", scale="tiny", repeats=1)
-    assert none.extra_flops == 0 and none.memory == none.baseline
-    fig = ckpt.plot_explore(result)
-    assert "extra FLOPs" in fig.axes[0].get_xlabel()
-    plt.close(fig)
+def test_widget_latency_cases_cover_every_control() -> None:
+    cases = ckpt.widget_latency_cases("tiny", torch.device("cpu"))
+    assert {"B=2", "K=1", "checkpoint on"} <= set(cases)
+    assert any(name.startswith("K=") and name != "K=1" for name in cases)
+    cases["checkpoint on"]()
+    plt.close("all")
+    with pytest.raises(ValueError, match="scale"):
+        ckpt.widget_latency_cases("huge", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("scale, limit", [("medium", 0.7 * 12e9), ("full", 0.7 * 40e9)])
+def test_predicted_peak_fits_the_scale_class(scale: str, limit: float) -> None:
+    assert 0 < ckpt.predicted_peak_bytes(scale) <= limit
+
+
+def test_predicted_peak_bounds_the_measured_gpt_step() -> None:
+    cfg, b = ckpt.gpt_setup("tiny")
+    seed_everything(0)
+    model = GPT(cfg)
+    idx, targets = token_batch(b, cfg.seq_len, cfg.vocab_size)
+    opt = torch.optim.Adam(model.parameters())
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=False)
+        _loss(model, idx, targets).backward()
+        opt.step()
+
+    step()
+    from helpers.memory import measure_step
+
+    measured = measure_step(step, model=model, optimizer=opt).peak_bytes
+    assert measured <= ckpt.predicted_peak_bytes("tiny")
+    with pytest.raises(ValueError, match="scale"):
+        ckpt.predicted_peak_bytes("xl")
+
+
+def test_attention_core_policy_matches_korthikanti() -> None:
+    b, s, h, a = ckpt.selective_shape("tiny")
+    seed_everything(0)
+    block = GPTBlock(GPTConfig(seq_len=s, d_model=h, n_heads=a, dropout=0.1))
+    x = torch.randn(b, s, h)
+    context = functools.partial(create_selective_checkpoint_contexts, ckpt.attention_core_policy(b, a))
+    plain = saved_activation_bytes(lambda: block(x + 0))
+    core = saved_activation_bytes(lambda: checkpoint(block, x + 0, use_reentrant=False, context_fn=context))
+    terms = ckpt.korthikanti_terms(s=s, b=b, h=h, a=a, act_bytes=4, mask_bytes=ckpt.dropout_mask_bytes())
+    quadratic = sum(terms[t] for t in ckpt.QUADRATIC_TERMS)
+    # proj/fc_out outputs kept (2sbh floats), residual masks redrawn (2sbh masks of 4 bytes on CPU)
+    assert plain - core == quadratic - 2 * s * b * h * 4 + 2 * s * b * h * ckpt.dropout_mask_bytes()
+    assert plain - core == pytest.approx(quadratic, rel=0.10)
+    grads = {}
+    forwards = {"plain": lambda: block(x + 0),
+                "core": lambda: checkpoint(block, x + 0, use_reentrant=False, context_fn=context)}
+    for name, fwd in forwards.items():
+        seed_everything(3)
+        fwd().square().sum().backward()
+        grads[name] = torch.cat([p.grad.flatten() for p in block.parameters()])
+        block.zero_grad(set_to_none=True)
+    torch.testing.assert_close(grads["core"], grads["plain"])
+
+
+@pytest.mark.parametrize("bad, error", [((0, 2), ValueError), ((2, 1), ValueError), ((True, 2), TypeError),
+                                        ((2, 2.0), TypeError)])
+def test_attention_core_policy_arguments(bad: tuple, error: type) -> None:
+    with pytest.raises(error):
+        ckpt.attention_core_policy(*bad)
+
+
+def _reentrant_call(block: torch.nn.Module, x: torch.Tensor, *, reentrant: bool) -> torch.Tensor:
+    return ckpt.checkpoint_with(block, x, reentrant=reentrant)
+
+
+def test_reentrant_trap_with_frozen_embeddings() -> None:
+    model, idx, targets = _gpt(n_layers=2, dropout=0.0)
+    model.tok.requires_grad_(False)
+    model.pos.requires_grad_(False)
+    missing = {}
+    for reentrant in (False, True):
+        model.block_wrapper = functools.partial(_reentrant_call, reentrant=reentrant)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _loss(model, idx, targets).backward()
+        missing[reentrant] = (ckpt.params_without_grad(model), [str(w.message) for w in caught])
+        model.zero_grad(set_to_none=True)
+    assert missing[False] == ([], [])
+    assert len(missing[True][0]) == 24 and all(n.startswith("blocks.") for n in missing[True][0])
+    assert any("requires_grad=True" in m for m in missing[True][1])
+    with pytest.raises(TypeError, match="reentrant"):
+        ckpt.checkpoint_with(model.blocks[0], torch.randn(1, S, H), reentrant=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        ckpt.params_without_grad("model")  # type: ignore[arg-type]
+
+
+def test_segment_sizes_uneven_last_segment() -> None:
+    assert ckpt.segment_sizes(9, 5) == [1, 1, 1, 1, 5]
+    assert ckpt.segment_sizes(16, 4) == [4, 4, 4, 4]
+    chain = ckpt.make_chain(9, 16)
+    x = torch.randn(4, 16)
+    a, b = ckpt.chain_layer_costs(chain, x)
+    for k in (3, 5):
+        (point,) = ckpt.segment_sweep(chain, x, [k])
+        assert point.saved_bytes == (k - 1) * b + ckpt.segment_sizes(9, k)[-1] * a
+    with pytest.raises(ValueError, match="segments"):
+        ckpt.segment_sizes(9, 10)
+
+
+def test_interleaved_times_shape_and_arguments() -> None:
+    calls: list[str] = []
+    times = ckpt.interleaved_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                                   repeats=3, warmup=1)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up, then alternating order
+    for t in times.values():
+        assert t.runs == 3 and t.low <= t.median <= t.high
+        assert "min-max" in t.describe()
+    assert times["a"].scaled(2).median == 2 * times["a"].median
+    with pytest.raises(ValueError, match="repeats"):
+        ckpt.interleaved_times({"a": lambda: None}, repeats=0)
+    with pytest.raises(ValueError):
+        ckpt.interleaved_times({})
+
+
+def test_exercise_checkers() -> None:
+    assert ckpt.check_exercise_1(109).startswith("Correct")
+    assert ckpt.check_exercise_1(60).startswith("Hint")
+    assert ckpt.check_exercise_1("a lot").startswith("Hint")
+
+    def softmax_only(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
+        if op is torch.ops.aten._softmax.default:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    assert ckpt.check_exercise_2(softmax_only).startswith("Correct")
+    assert ckpt.check_exercise_2(ckpt.save_matmul_outputs).startswith("Hint")
+    assert ckpt.check_exercise_2(None).startswith("Hint")
+    assert ckpt.check_exercise_2(lambda *a, **k: 1 / 0).startswith("Hint")
+    assert ckpt.check_exercise_3(2.0).startswith("Correct")
+    assert ckpt.check_exercise_3(1).startswith("Hint")
+    assert ckpt.check_exercise_3(None).startswith("Hint")
+    assert ckpt.check_exercise_4(2, 1).startswith("Correct")
+    assert ckpt.check_exercise_4(2, 2).startswith("Half right")
+    assert ckpt.check_exercise_4(1, 1).startswith("Hint")
+    assert ckpt.check_exercise_4(None, 1).startswith("Hint")
 
 
 @pytest.mark.cuda
@@ -242,7 +386,23 @@ def test_cuda_block_matches_formula_with_bool_masks() -> None:
 
 
 @pytest.mark.cuda
-def test_cuda_explore_checkpointing_lowers_allocator_peak() -> None:
-    result = ckpt.explore(4, 1, 2, "full", scale="tiny", device="cuda", repeats=1)
-    assert result.memory.method == "cuda-allocator"
-    assert result.memory.peak_bytes < result.baseline.peak_bytes
+def test_cuda_trade_off_checkpointing_lowers_allocator_peak() -> None:
+    from helpers.budget import explainer_model
+
+    lab = ckpt.TradeOffLab(explainer_model("tiny", torch.device("cuda")), repeats=1)
+    plain, checkpointed = lab.measure(2, 2, False), lab.measure(2, 2, True)
+    assert checkpointed.memory.method == "cuda-allocator"
+    assert checkpointed.memory.peak_bytes < plain.memory.peak_bytes
+
+
+@pytest.mark.cuda
+def test_cuda_attention_core_policy_saves_the_quadratic_term() -> None:
+    b, s, h, a = ckpt.selective_shape("tiny")
+    block = GPTBlock(GPTConfig(seq_len=s, d_model=h, n_heads=a, dropout=0.1)).cuda()
+    x = torch.randn(b, s, h, device="cuda")
+    context = functools.partial(create_selective_checkpoint_contexts, ckpt.attention_core_policy(b, a))
+    plain = saved_activation_bytes(lambda: block(x + 0))
+    core = saved_activation_bytes(lambda: checkpoint(block, x + 0, use_reentrant=False, context_fn=context))
+    mask = ckpt.dropout_mask_bytes("cuda")
+    terms = ckpt.korthikanti_terms(s=s, b=b, h=h, a=a, act_bytes=4, mask_bytes=mask)
+    assert plain - core == pytest.approx(sum(terms[t] for t in ckpt.QUADRATIC_TERMS), rel=0.10)
