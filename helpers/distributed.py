@@ -1,70 +1,40 @@
-"""Data parallelism with real processes: launchers, DDP gradients, batch bookkeeping (lesson 07).
+"""Data parallelism with real processes: DDP gradients, batch bookkeeping, sharded bytes (lesson 07).
 
-Everything here runs on PyTorch's own distributed engine: gloo between CPU
-processes, NCCL between GPUs when there are at least as many GPUs as workers.
-Nothing is simulated.
+Everything runs on PyTorch's own distributed engine, through the worker processes
+of `helpers.launcher` (a persistent `WorkerPool` for the widget, `run_torchrun` for
+the lesson's scripts). Nothing is simulated.
 
-Launchers (the plumbing a notebook can trust):
-
-- `WorkerPool(world_size)`: W spawned processes that join one process group
-  through a *file* rendezvous (no port to race for) and stay alive, so a widget
-  can run a new experiment without paying process start-up again.
-  `pool.run(fn, *args)` runs the module-level `fn` on every rank and returns the
-  W results in rank order. `launch(fn, world_size, *args)` is the one-shot form.
-- `run_torchrun(script, world_size, *args)`: runs a worker *script* with
-  `python -m torch.distributed.run --nproc_per_node=W` on a free loopback port,
-  the way people launch it on a cluster. Inside the script, `save_result(obj)`
-  hands a result back and `run_main(main)` reports an exception with its rank.
-
-Both guarantee: when a worker raises, the parent raises `WorkerError` promptly
-with that worker's rank and message (the first failure, not the echoes it
-causes on the other ranks); every worker is killed; no process outlives a
-`timeout_s`; workers also exit on their own if their parent disappears. Worker
-stdout/stderr go to a log that is shown only when something fails, so a
-notebook cell never gets stray stderr.
-
-Lesson tools: `lesson_model` / `bn_model` / `lesson_data` (deterministic, so
-every process builds the same thing), `count_allreduces` (a DDP communication
-hook that counts), `ddp_accumulated_grad`, `check_batch_sizes`, the widget's
-`data_parallel_report` / `draw_report`, and the exercise checkers.
+- Model and data, deterministic so every process builds the same thing:
+  `lesson_model`, `bn_model`, `lesson_data`, `mse_loss`.
+- `count_allreduces`: a DDP communication hook that counts gradient all-reduces.
+- `ddp_accumulated_grad` -> `DDPGrad`: one update of K micro-steps on W real DDP
+  workers, with or without `no_sync`; `rank_shards` says who uses which example.
+- `check_batch_sizes` -> `BatchSizes`: B x K x W, the fourth from three.
+- `local_bytes`: what a rank stores of (possibly sharded) tensors (FSDP).
+- Widget: `lesson_sizes`, `data_parallel_report`, `draw_report`, `show_data_parallel`.
+- Per-lesson protocol: `predicted_peak_bytes(scale)`, `widget_latency_cases(scale, device)`;
+  exercise checkers `check_exercise_1` ... `check_exercise_3`.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import io
 import math
-import os
-import queue
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import threading
-import time
-import traceback
-import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from helpers.accumulation import flat_grad
-from helpers.checks import callable_arg, positive_int, positive_number
+from helpers.checks import callable_arg, choice, positive_int, tensor_arg
+from helpers.launcher import WorkerPool, group_for, max_workers, shared_pool
 
 __all__ = [
+    "AllReduceCounter",
     "BatchSizes",
     "DDPGrad",
-    "WorkerError",
-    "WorkerPool",
-    "AllReduceCounter",
     "DataParallelReport",
     "bn_model",
     "check_batch_sizes",
@@ -75,390 +45,16 @@ __all__ = [
     "data_parallel_report",
     "ddp_accumulated_grad",
     "draw_report",
-    "free_port",
-    "group_for",
-    "launch",
     "lesson_data",
     "lesson_model",
     "lesson_sizes",
     "local_bytes",
-    "max_workers",
     "mse_loss",
-    "pick_backend",
     "predicted_peak_bytes",
     "rank_shards",
-    "run_main",
-    "run_torchrun",
-    "save_result",
-    "shared_pool",
     "show_data_parallel",
     "widget_latency_cases",
 ]
-
-LOG_TAIL = 3000  # characters of a worker log shown with an error
-
-
-class WorkerError(RuntimeError):
-    """A worker process failed: `rank` (None if unknown) and the worker's `message`."""
-
-    def __init__(self, rank: int | None, message: str) -> None:
-        self.rank, self.message = rank, message
-        where = f"worker rank {rank}" if rank is not None else "a worker"
-        super().__init__(f"{where} failed: {message}")
-
-
-# -- process plumbing ------------------------------------------------------------------
-def _watch_parent(parent_pid: int, cleanup: str | None = None) -> None:
-    """Exit this process as soon as its parent is gone (no orphans after a kernel crash).
-
-    `cleanup`: a folder to delete first (the pool's files, which the dead parent cannot remove).
-    """
-
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent_pid:
-                if cleanup:
-                    shutil.rmtree(cleanup, ignore_errors=True)
-                os._exit(1)
-            time.sleep(0.5)
-
-    threading.Thread(target=watch, daemon=True, name="watch-parent").start()
-
-
-def _redirect_output(log_path: str) -> None:
-    """Send this process's stdout and stderr (Python and C level) to `log_path`."""
-    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = sys.stderr = log
-
-
-def _tail(path: Path | str, n: int = LOG_TAIL) -> str:
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
-    return text[-n:]
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def pick_backend(world_size: int) -> str:
-    """'nccl' when this machine has at least `world_size` CUDA GPUs, else 'gloo' (CPU)."""
-    positive_int("world_size", world_size)
-    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size and dist.is_nccl_available():
-        return "nccl"
-    return "gloo"
-
-
-def max_workers() -> int:
-    """The most workers the widget offers: the CPU cores (at most 4), or the GPUs under NCCL."""
-    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
-        return min(torch.cuda.device_count(), 4)
-    return max(1, min(os.cpu_count() or 1, 4))
-
-
-# -- a persistent pool -----------------------------------------------------------------
-_GROUPS: dict[int, object] = {}  # in a worker: world size w -> process group of ranks 0..w-1
-
-
-def group_for(world_size: int) -> object:
-    """Inside a pool worker: the process group of ranks 0..world_size-1."""
-    if world_size not in _GROUPS:
-        raise ValueError(f"no group of {world_size} ranks here; this pool has {sorted(_GROUPS)}")
-    return _GROUPS[world_size]
-
-
-def _pool_worker(rank: int, world_size: int, init_file: str, backend: str, tasks: object,
-                 results: object, log_path: str, parent_pid: int) -> None:
-    _redirect_output(log_path)
-    _watch_parent(parent_pid, cleanup=os.path.dirname(log_path) if rank == 0 else None)
-    torch.set_num_threads(1)
-    try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
-                                world_size=world_size)
-        for w in range(1, world_size + 1):  # new_group is collective: every rank creates every group
-            _GROUPS[w] = dist.group.WORLD if w == world_size else dist.new_group(list(range(w)))
-        results.put((rank, "ready", b""))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
-        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-        return
-    while True:
-        task = tasks.get()
-        if task is None:
-            break
-        fn, args, kwargs = task
-        try:
-            buf = io.BytesIO()
-            torch.save(fn(*args, **kwargs), buf)
-            results.put((rank, "ok", buf.getvalue()))
-        except BaseException as exc:  # noqa: BLE001
-            results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-    with contextlib.suppress(Exception):
-        dist.destroy_process_group()
-
-
-def _shutdown(procs: list, task_queues: list, workdir: str) -> None:
-    for q in task_queues:
-        with contextlib.suppress(Exception):
-            q.put(None)
-    procs = [p for p in procs if p.pid is not None]  # a failed start leaves some unstarted
-    deadline = time.monotonic() + 3.0
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(2.0)
-    shutil.rmtree(workdir, ignore_errors=True)
-
-
-class WorkerPool:
-    """W worker processes in one process group, kept alive between `run` calls.
-
-    `run(fn, *args, **kwargs)` sends the module-level callable `fn` to every
-    rank, runs it there and returns the W results in rank order. Inside `fn`,
-    `torch.distributed` is initialised (file rendezvous, `backend` from
-    `pick_backend`), and `group_for(w)` gives the group of ranks 0..w-1, so one
-    pool serves every W up to its size. A failure on any rank raises
-    `WorkerError(rank, message)` in the parent and closes the pool (its peers
-    may be stuck in a collective); a run longer than `timeout_s` raises
-    `TimeoutError` and closes it too. Use it as a context manager, or call
-    `close()`; it is also closed at interpreter exit.
-    """
-
-    def __init__(self, world_size: int, *, timeout_s: float = 120.0, backend: str | None = None) -> None:
-        self.world_size = positive_int("world_size", world_size)
-        self.timeout_s = positive_number("timeout_s", timeout_s)
-        self.backend = backend or pick_backend(world_size)
-        self._workdir = tempfile.mkdtemp(prefix="lesson07-pool-")
-        ctx = mp.get_context("spawn")
-        self._results = ctx.Queue()
-        self._tasks = [ctx.Queue() for _ in range(world_size)]
-        self._logs = [os.path.join(self._workdir, f"rank{r}.log") for r in range(world_size)]
-        init_file = os.path.join(self._workdir, "rendezvous")
-        self._procs = [
-            ctx.Process(target=_pool_worker, daemon=True, name=f"lesson07-rank{r}",
-                        args=(r, world_size, init_file, self.backend, self._tasks[r], self._results,
-                              self._logs[r], os.getpid()))
-            for r in range(world_size)
-        ]
-        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._tasks, self._workdir)
-        for p in self._procs:
-            p.start()
-        self._collect(expect="ready", timeout_s=self.timeout_s)
-
-    @property
-    def closed(self) -> bool:
-        """True once the pool has been closed (explicitly, after a failure, or a timeout)."""
-        return not self._finalizer.alive
-
-    @property
-    def pids(self) -> list[int]:
-        """The workers' process ids."""
-        return [p.pid for p in self._procs]
-
-    def close(self) -> None:
-        """Stop every worker (politely, then by force) and delete the pool's files."""
-        self._finalizer()
-
-    def __enter__(self) -> WorkerPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _fail(self, error: Exception) -> None:
-        logs = {r: _tail(p) for r, p in enumerate(self._logs)}
-        for p in self._procs:
-            if p.is_alive():
-                p.kill()
-        self.close()
-        if isinstance(error, WorkerError) and error.rank is not None and logs.get(error.rank):
-            error.add_note(f"rank {error.rank} log (tail):\n{logs[error.rank]}")
-        raise error
-
-    def _collect(self, *, expect: str, timeout_s: float) -> list[object]:
-        out: dict[int, object] = {}
-        deadline = time.monotonic() + timeout_s
-        while len(out) < self.world_size:
-            try:
-                rank, status, payload = self._results.get(timeout=0.05)
-            except queue.Empty:
-                for r, p in enumerate(self._procs):
-                    if not p.is_alive():
-                        self._fail(WorkerError(r, f"process exited with code {p.exitcode} without a result"))
-                if time.monotonic() > deadline:
-                    self._fail(TimeoutError(
-                        f"the {self.world_size} workers did not all finish within {timeout_s:g} s "
-                        f"(finished: ranks {sorted(out)}); every worker was killed"))
-                continue
-            if status == "error":
-                # A peer that died first is the root cause; this error may only be its echo.
-                dead = [r for r, p in enumerate(self._procs) if r != rank and not p.is_alive()]
-                if dead:
-                    error = WorkerError(dead[0], f"process exited with code {self._procs[dead[0]].exitcode}")
-                    error.add_note(f"rank {rank} then failed: {payload.splitlines()[0]}")
-                    self._fail(error)
-                self._fail(WorkerError(rank, payload))
-            out[rank] = (torch.load(io.BytesIO(payload), weights_only=False)
-                         if expect == "ok" else payload)
-        return [out[r] for r in range(self.world_size)]
-
-    def run(self, fn: Callable[..., object], *args: object, timeout_s: float | None = None,
-            **kwargs: object) -> list[object]:
-        """Run `fn(*args, **kwargs)` on every rank; return the results in rank order."""
-        callable_arg("fn", fn, "a module-level function (it is pickled to the workers)")
-        if self.closed:
-            raise RuntimeError("this WorkerPool is closed (after close(), a failure or a timeout); "
-                               "start a new one")
-        for q in self._tasks:
-            q.put((fn, args, kwargs))
-        return self._collect(expect="ok", timeout_s=timeout_s or self.timeout_s)
-
-
-def launch(fn: Callable[..., object], world_size: int, *args: object, timeout_s: float = 120.0,
-           **kwargs: object) -> list[object]:
-    """Start `world_size` workers, run `fn(*args, **kwargs)` on each, stop them, return the results."""
-    with WorkerPool(world_size, timeout_s=timeout_s) as pool:
-        return pool.run(fn, *args, **kwargs)
-
-
-_SHARED: dict[int, WorkerPool] = {}
-
-
-def shared_pool(world_size: int | None = None) -> WorkerPool:
-    """A pool of `world_size` (default `max_workers()`) workers, started once per process and reused."""
-    w = max_workers() if world_size is None else positive_int("world_size", world_size)
-    pool = _SHARED.get(w)
-    if pool is None or pool.closed:
-        pool = _SHARED[w] = WorkerPool(w)
-    return pool
-
-
-atexit.register(lambda: [p.close() for p in list(_SHARED.values())])
-
-
-# -- torchrun --------------------------------------------------------------------------
-RESULTS_ENV = "LESSONS_RESULTS_DIR"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _results_dir() -> Path:
-    path = os.environ.get(RESULTS_ENV)
-    if not path:
-        raise RuntimeError(f"{RESULTS_ENV} is not set: start this script with "
-                           "helpers.distributed.run_torchrun")
-    return Path(path)
-
-
-def save_result(obj: object) -> None:
-    """In a worker script: hand `obj` back to `run_torchrun` (one result per rank)."""
-    torch.save(obj, _results_dir() / f"rank{int(os.environ['RANK'])}.pt")
-
-
-def run_main(main: Callable[[], object]) -> None:
-    """In a worker script: run `main()`; on an exception, record rank + message and exit 1.
-
-    Also records the process id (so the parent can make sure it is gone) and
-    exits if the launcher that started this process disappears.
-    """
-    rank, out = int(os.environ.get("RANK", "0")), _results_dir()
-    (out / f"rank{rank}.pid").write_text(str(os.getpid()))
-    _watch_parent(os.getppid())
-    try:
-        main()
-    except BaseException as exc:  # noqa: BLE001 - recorded, then the process exits non-zero
-        (out / f"rank{rank}.error").write_text(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-        sys.stderr.write(traceback.format_exc())
-        sys.stderr.flush()
-        os._exit(1)  # do not wait for collectives that will never finish
-
-
-def _first_error(out: Path) -> WorkerError | None:
-    errors = sorted(out.glob("rank*.error"), key=lambda p: p.stat().st_mtime_ns)
-    if not errors:
-        return None
-    rank = int(errors[0].stem.removeprefix("rank"))
-    return WorkerError(rank, errors[0].read_text())
-
-
-def run_torchrun(script: str | os.PathLike, world_size: int, *script_args: str,
-                 timeout_s: float = 180.0) -> list[object]:
-    """Run `script` under `python -m torch.distributed.run --nproc_per_node=world_size`.
-
-    Rendezvous on 127.0.0.1 at a free port; `OMP_NUM_THREADS=1`; the repository
-    root on `PYTHONPATH` so the script can import `helpers`. The script calls
-    `save_result(obj)` on each rank (inside `run_main(main)`); the results come
-    back in rank order. The launcher's and workers' output goes to a log that is
-    attached to any error. Raises `WorkerError` (rank and message of the first
-    failure) when a worker raised, `TimeoutError` after `timeout_s`; in both cases
-    the launcher and every worker are gone when it returns.
-    """
-    script = Path(script)
-    if not script.is_file():
-        raise ValueError(f"script {str(script)!r} does not exist")
-    positive_int("world_size", world_size)
-    positive_number("timeout_s", timeout_s)
-    out = Path(tempfile.mkdtemp(prefix="lesson07-torchrun-"))
-    root = str(Path(__file__).resolve().parent.parent)
-    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, **{RESULTS_ENV: str(out), "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
-    env.pop("LESSONS_STRICT", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world_size}",
-           "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-           "--monitor_interval=0.1", str(script), *map(str, script_args)]
-    log_path = out / "torchrun.log"
-    try:
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
-            try:
-                code = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                code = None
-            finally:
-                _stop_group(proc)
-                for pid_file in out.glob("rank*.pid"):
-                    _kill(int(pid_file.read_text()))
-        if code is None:
-            raise TimeoutError(f"{script.name} did not finish within {timeout_s:g} s; the launcher and "
-                               f"every worker were killed. Log tail:\n{_tail(log_path)}")
-        error = _first_error(out)
-        if error is not None:
-            raise error
-        if code != 0:
-            raise WorkerError(None, f"torchrun exited with code {code}. Log tail:\n{_tail(log_path)}")
-        missing = [r for r in range(world_size) if not (out / f"rank{r}.pt").exists()]
-        if missing:
-            raise WorkerError(missing[0], f"ranks {missing} finished without calling save_result(...)")
-        return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the launcher's process group (torchrun then stops its workers), then SIGKILL."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
 
 # -- the lesson's model, data and counting hook ------------------------------------------
 SIZES = {  # scale -> model width; the lesson is about communication, so models stay small everywhere
@@ -624,8 +220,8 @@ def ddp_accumulated_grad(
     """
     callable_arg("model_fn", model_fn)
     callable_arg("loss_fn", loss_fn)
-    if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        raise TypeError("inputs and targets must be torch.Tensors")
+    tensor_arg("inputs", inputs)
+    tensor_arg("targets", targets)
     if inputs.shape[0] != targets.shape[0]:
         raise ValueError(f"inputs ({inputs.shape[0]}) and targets ({targets.shape[0]}) differ in length")
     for name, flag in (("no_sync", no_sync), ("same_data", same_data)):
@@ -819,9 +415,7 @@ def predicted_peak_bytes(scale: str) -> int:
     """
     from helpers.device import SCALES
 
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r} is not a scale; choose one of {SCALES}")
-    sizes = lesson_sizes(scale)
+    sizes = lesson_sizes(choice("scale", scale, SCALES))
     w = sizes["width"]
     per_process = 16 * _mlp_params(w) + 4 * sizes["B"] * DEPTH * 11 * w
     return sizes["W"] * per_process

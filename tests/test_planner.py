@@ -1,4 +1,4 @@
-"""helpers.planner (lesson 06): profiles, the planner's rule and its refusals, estimators, checkers.
+"""helpers.planner (lesson 06): profiles, the planner's rule and its refusals, estimators, remedies.
 
 The planner is tested on models that are not the lesson's GPT: a residual MLP (measured for
 real with `measure_phases` and with `measure_step`) and hand-made profiles.
@@ -16,8 +16,9 @@ from helpers import planner
 from helpers.data import regression_batch
 from helpers.memory import measure_step
 from helpers.models import ResidualMLP
+from helpers.phases import measure_phases
+from helpers.planner_lab import lesson_config
 
-CPU = torch.device("cpu")
 MiB = 2**20
 
 
@@ -52,7 +53,7 @@ def _mlp_measure(phases: bool):
         update()  # warm-up: Adam's state exists
         try:
             if phases:
-                return planner.measure_phases(update, model=model, optimizer=opt)
+                return measure_phases(update, model=model, optimizer=opt)
             return measure_step(update, model=model, optimizer=opt)
         finally:
             opt.zero_grad(set_to_none=True)
@@ -75,13 +76,6 @@ def test_fit_profile_from_plain_step_memory() -> None:
     measure = _mlp_measure(phases=False)
     profile = planner.fit_profile(measure, (4, 8, 16))
     assert measure(12).peak_bytes == pytest.approx(profile.predict_peak(12), rel=0.10)
-
-
-def test_phase_memory_reads_like_step_memory() -> None:
-    m = _mlp_measure(phases=True)(2)
-    assert m.peak_bytes == max(m.forward_peak_bytes, m.optimizer_peak_bytes)
-    assert sum(m.breakdown.values()) == m.peak_bytes
-    assert m.floor_bytes > 0 and m.binding_phase in ("forward", "optimizer")
 
 
 def test_fit_profile_validates() -> None:
@@ -180,7 +174,7 @@ def test_recommend_validates(kwargs: dict, error: type, match: str) -> None:
 
 # -- estimators and remedies -------------------------------------------------------------------
 def test_popular_estimates() -> None:
-    cfg = planner.lesson_config("tiny")
+    cfg = lesson_config("tiny")
     est = planner.popular_estimates(cfg, 1000, 4, 64_000, checkpointed=False, planner_bytes=60_000)
     by = {e.name.split(" (")[0]: e for e in est}
     assert by["weights only"].predicted_bytes == 4000 and by["16 B/param"].predicted_bytes == 16_000
@@ -204,75 +198,3 @@ def test_remedy_floors() -> None:
     assert rows["optimizer state sharded over 4 workers (ZeRO-1)"].floor_bytes == 250
     with pytest.raises(ValueError, match="workers"):
         planner.remedy_floors(100, 100, 200, workers=(0,))
-
-
-def test_run_capped_needs_cuda() -> None:
-    with pytest.raises(ValueError, match="CUDA"):
-        planner.run_capped(lambda: None, 1e9, CPU)
-
-
-# -- the lesson model, protocol, widget, diagram, checkers -------------------------------------
-def test_lesson_config_and_model_leave_the_rng_alone() -> None:
-    with pytest.raises(ValueError, match="scale='huge'"):
-        planner.lesson_config("huge")
-    state = torch.random.get_rng_state()
-    a = planner.lesson_model("tiny", CPU)
-    assert torch.equal(state, torch.random.get_rng_state())
-    b = planner.lesson_model("tiny", CPU)
-    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
-
-
-def test_predicted_peak_fits_the_scale_classes() -> None:
-    assert planner.predicted_peak_bytes("medium") <= 0.7 * 12e9
-    assert planner.predicted_peak_bytes("full") <= 0.7 * 40e9
-    assert 0 < planner.predicted_peak_bytes("tiny") < planner.predicted_peak_bytes("small")
-
-
-def test_predicted_peak_is_above_the_measured_tiny_run() -> None:
-    model = planner.lesson_model("tiny", CPU)
-    measured = planner.UpdateMeasurer(model)(*planner.LARGEST_RUN)
-    assert measured.peak_bytes <= planner.predicted_peak_bytes("tiny")
-
-
-def test_update_measurer_validates() -> None:
-    model = planner.lesson_model("tiny", CPU)
-    with pytest.raises(TypeError, match="GPT"):
-        planner.UpdateMeasurer(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="checkpointed"):
-        planner.UpdateMeasurer(model, checkpointed=1)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="optimizer='lion'"):
-        planner.UpdateMeasurer(model, optimizer="lion")
-    with pytest.raises(ValueError, match="micro_batch"):
-        planner.UpdateMeasurer(model)(0)
-
-
-def test_widget_cases_run_at_tiny(capsys: pytest.CaptureFixture[str]) -> None:
-    cases = planner.widget_latency_cases("tiny", CPU)
-    assert {"B=1", "B=16", "K=1", "K=8", "checkpoint on", "budget below floor"} <= set(cases)
-    cases["budget below floor"]()
-    out = capsys.readouterr().out
-    assert "effective batch B x K = 4 x 8 = 32" in out and "Nothing fits" in out
-    cases["checkpoint on"]()
-    assert "planner for an effective batch of 32" in capsys.readouterr().out
-
-
-def test_decision_diagram(tmp_path) -> None:  # noqa: ANN001
-    import matplotlib.pyplot as plt
-
-    path = tmp_path / "diagram.png"
-    fig = planner.draw_decision_diagram(str(path))
-    plt.close(fig)
-    assert path.stat().st_size > 10_000
-
-
-def test_exercise_checkers(capsys: pytest.CaptureFixture[str]) -> None:
-    assert planner.check_exercise_1(4, 8, True).startswith("Correct")
-    assert planner.check_exercise_1(4, 8, False).startswith("Close")
-    assert planner.check_exercise_1(2, 16, False).startswith("Not yet")
-    assert planner.check_exercise_2(10.875).startswith("Correct")
-    assert planner.check_exercise_2(14.5).startswith("Not yet")
-    assert planner.check_exercise_2("ten").startswith("Give a number")  # type: ignore[arg-type]
-    answer = min(PLAIN.predict_peak(1, accumulation_steps=32), CKPT.predict_peak(1, accumulation_steps=32))
-    assert planner.check_exercise_3(answer, PLAIN, CKPT).startswith("Correct")
-    assert planner.check_exercise_3(2 * answer, PLAIN, CKPT).startswith("Not yet")
-    assert "Correct" in capsys.readouterr().out

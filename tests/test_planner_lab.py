@@ -1,0 +1,86 @@
+"""helpers.planner_lab (lesson 06): the model, the capped run, protocol, widget, diagram, checkers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import planner_lab
+from helpers.phases import UpdateMeasurer
+from helpers.planner import MemoryProfile
+
+CPU = torch.device("cpu")
+MiB = 2**20
+
+
+def _profile(**changes: float) -> MemoryProfile:
+    """A hand-made profile: floor 100 MiB, 10 MiB per example, optimizer step at 110 MiB."""
+    base = dict(floor_bytes=100 * MiB, gradient_bytes=25 * MiB, other_bytes=2 * MiB,
+                other_bytes_per_example=0.0, activation_bytes_per_example=10 * MiB,
+                activation_intercept_bytes=0.0, optimizer_peak_bytes=110 * MiB,
+                optimizer_bytes_per_example=0.0, method="cpu-tracker")
+    return MemoryProfile(**{**base, **changes})
+
+
+PLAIN = _profile()
+CKPT = _profile(activation_bytes_per_example=2 * MiB, label="checkpointed")
+
+
+def test_run_capped_needs_cuda() -> None:
+    with pytest.raises(ValueError, match="CUDA"):
+        planner_lab.run_capped(lambda: None, 1e9, CPU)
+
+
+# -- the lesson model, protocol, widget, diagram, checkers -------------------------------------
+def test_lesson_config_and_model_leave_the_rng_alone() -> None:
+    with pytest.raises(ValueError, match="scale='huge'"):
+        planner_lab.lesson_config("huge")
+    state = torch.random.get_rng_state()
+    a = planner_lab.lesson_model("tiny", CPU)
+    assert torch.equal(state, torch.random.get_rng_state())
+    b = planner_lab.lesson_model("tiny", CPU)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_predicted_peak_fits_the_scale_classes() -> None:
+    assert planner_lab.predicted_peak_bytes("medium") <= 0.7 * 12e9
+    assert planner_lab.predicted_peak_bytes("full") <= 0.7 * 40e9
+    assert 0 < planner_lab.predicted_peak_bytes("tiny") < planner_lab.predicted_peak_bytes("small")
+
+
+def test_predicted_peak_is_above_the_measured_tiny_run() -> None:
+    model = planner_lab.lesson_model("tiny", CPU)
+    measured = UpdateMeasurer(model)(*planner_lab.LARGEST_RUN)
+    assert measured.peak_bytes <= planner_lab.predicted_peak_bytes("tiny")
+
+
+def test_widget_cases_run_at_tiny(capsys: pytest.CaptureFixture[str]) -> None:
+    cases = planner_lab.widget_latency_cases("tiny", CPU)
+    assert {"B=1", "B=16", "K=1", "K=8", "checkpoint on", "budget below floor"} <= set(cases)
+    cases["budget below floor"]()
+    out = capsys.readouterr().out
+    assert "effective batch B x K = 4 x 8 = 32" in out and "Nothing fits" in out
+    cases["checkpoint on"]()
+    assert "planner for an effective batch of 32" in capsys.readouterr().out
+
+
+def test_decision_diagram(tmp_path) -> None:  # noqa: ANN001
+    import matplotlib.pyplot as plt
+
+    path = tmp_path / "diagram.png"
+    fig = planner_lab.draw_decision_diagram(str(path))
+    plt.close(fig)
+    assert path.stat().st_size > 10_000
+
+
+def test_exercise_checkers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert planner_lab.check_exercise_1(4, 8, True).startswith("Correct")
+    assert planner_lab.check_exercise_1(4, 8, False).startswith("Close")
+    assert planner_lab.check_exercise_1(2, 16, False).startswith("Not yet")
+    assert planner_lab.check_exercise_2(10.875).startswith("Correct")
+    assert planner_lab.check_exercise_2(14.5).startswith("Not yet")
+    assert planner_lab.check_exercise_2("ten").startswith("Give a number")  # type: ignore[arg-type]
+    answer = min(PLAIN.predict_peak(1, accumulation_steps=32), CKPT.predict_peak(1, accumulation_steps=32))
+    assert planner_lab.check_exercise_3(answer, PLAIN, CKPT).startswith("Correct")
+    assert planner_lab.check_exercise_3(2 * answer, PLAIN, CKPT).startswith("Not yet")
+    assert "Correct" in capsys.readouterr().out
