@@ -3,8 +3,16 @@
 - `micro_step_memory(loop, model)`: live memory after each micro-step of a loop
   written in the notebook, measured with `helpers.memory.MemoryTracker`.
 - `examples_per_second(...)`: throughput of one accumulated update.
-- `gradient_error(...)` / `show_gradient_error(...)`: the gradient widget.
+- `throughput_sweep(...)`: interleaved, warmed-up timings with their spread
+  (shown, never asserted).
+- `group_gradient(...)`, `angle_degrees(...)`: the true gradient of a group at
+  the current weights (without touching `.grad`), and the angle to another one.
+- `gradient_error(...)` / `show_gradient_error(...)` and
+  `show_micro_step_memory(...)`: the widgets' work.
 - `scatter_grads(...)`, `plot_micro_step_memory(...)`: the lesson's plots.
+- `lesson_sizes(scale)`, `gpt_activation_bytes(...)`, `predicted_peak_bytes(scale)`,
+  `widget_latency_cases(scale, device)`: sizes and the per-lesson protocol.
+- `check_exercise_1..4`: the exercises' checkers.
 
 The gradient API itself (`flat_grad`, `full_batch_grad`, `accumulated_grad`,
 `compare_grads`) is in `helpers.accumulation`.
@@ -12,11 +20,15 @@ The gradient API itself (`flat_grad`, `full_batch_grad`, `accumulated_grad`,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from helpers.accumulation import (
@@ -30,8 +42,10 @@ from helpers.accumulation import (
     compare_grads,
     full_batch_grad,
 )
-from helpers.device import median_seconds
-from helpers.memory import MemoryTracker
+from helpers.device import by_scale, median_seconds, synchronize
+from helpers.memory import MemoryTracker, run_or_oom, saved_activation_bytes
+from helpers.models import GPTConfig
+from helpers.saved_tensors import korthikanti_terms
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -116,14 +130,12 @@ def examples_per_second(
     n = _check_batch(inputs, targets)
     _check_micro_batch(micro_batch, n)
     device = next(model.parameters()).device
-    try:
-        seconds = median_seconds(
-            lambda: accumulated_grad(model, loss_fn, inputs, targets, micro_batch),
-            device=device, repeats=repeats, warmup=1,
-        )
-    except torch.cuda.OutOfMemoryError:
+    seconds = run_or_oom(lambda: median_seconds(
+        lambda: accumulated_grad(model, loss_fn, inputs, targets, micro_batch),
+        device=device, repeats=repeats, warmup=1,
+    ))
+    if seconds is None:
         clear_grads(model)
-        torch.cuda.empty_cache()
         return None
     return n / seconds
 
@@ -178,7 +190,8 @@ def scatter_grads(ax: Axes, reference: torch.Tensor, candidate: torch.Tensor, *,
     ax.plot([-lim, lim], [-lim * steps, lim * steps], color="crimson", lw=0.8, ls="--",
             label=f"K times (y = {steps}x)")
     ax.set_xlim(-lim, lim)
-    ax.set_ylim(-lim * steps * 1.05, lim * steps * 1.05)
+    ylim = max(lim, float(cand.abs().max()) * 1.05)  # each panel on its own axes
+    ax.set_ylim(-ylim, ylim)
     ax.set_xlabel("full-batch gradient entry")
     ax.set_ylabel("accumulated gradient entry")
     ax.set_title(title)
@@ -195,9 +208,11 @@ def show_gradient_error(micro_batch: int = 8, steps: int = 4, scale: bool = True
     diff, ref, cand = gradient_error(micro_batch, steps, scale)
     fig, (ax,) = figure(width=5.5, height=4.0)
     scatter_grads(ax, ref, cand, steps=steps,
-                  title=f"micro-batch {micro_batch}, K = {steps}, "
+                  title=f"B = {micro_batch}, K = {steps}, "
                         f"{'loss / K' if scale else 'no division by K'}")
     show(fig)
+    print(f"micro-batch size (B) = {micro_batch}, accumulation steps (K) = {steps} -> "
+          f"effective batch B x K = {micro_batch * steps}")
     print(f"max_rel {diff.max_rel:.2e} | norm_ratio {diff.norm_ratio:.5f} | cosine {diff.cosine:.6f}")
 
 
@@ -223,3 +238,347 @@ def plot_micro_step_memory(ax: Axes, results: dict[str, MicroStepMemory], *,
     ax.set_ylabel("live memory above start\n(x one micro-batch's activations)")
     ax.set_title(title)
     ax.legend(fontsize=8)
+
+
+# -- the true gradient, and angles -----------------------------------------------------
+def group_gradient(
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+) -> torch.Tensor:
+    """The true gradient of a group of micro-batches at the current weights, as one flat vector.
+
+    It is the gradient of the group's mean loss (each micro-batch weighted by
+    its share of the examples), computed with `torch.autograd.grad`, so `.grad`
+    is neither read nor changed: a loop can call it between its backward and
+    its optimizer step. Parameters without a gradient contribute zeros.
+    """
+    params = _trainable(model)
+    if not batches:
+        raise ValueError("batches is empty; give at least one (inputs, targets) pair")
+    n = sum(_check_batch(x, y) for x, y in batches)
+    total = [torch.zeros_like(p) for p in params]
+    for x, y in batches:
+        loss = loss_fn(model(x), y) * (x.shape[0] / n)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        for acc, g in zip(total, grads, strict=True):
+            if g is not None:
+                acc.add_(g)
+    return torch.cat([t.detach().reshape(-1) for t in total])
+
+
+def angle_degrees(reference: torch.Tensor, candidate: torch.Tensor) -> float:
+    """Angle between two flat gradients in degrees (0 = same direction, 90 = unrelated)."""
+    cosine = compare_grads(reference, candidate).cosine
+    return math.degrees(math.acos(max(-1.0, min(1.0, cosine))))
+
+
+# -- throughput (shown, not asserted) ----------------------------------------------------
+@dataclass(frozen=True)
+class Timing:
+    """Examples per second of one accumulated update: median and spread over the rounds."""
+
+    median: float
+    low: float  # slowest round
+    high: float  # fastest round
+    rounds: int
+
+
+def throughput_sweep(
+    model: nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor,
+    micro_batches: Sequence[int], *, rounds: int = 5,
+) -> dict[int, Timing | None]:
+    """Examples per second of one accumulated update over all of `inputs`, per micro-batch size.
+
+    Every size runs once to warm up; then `rounds` rounds each time every size
+    once, interleaved, so that a slow spell of a shared machine hits all sizes
+    alike. Reports the median and the range (slowest to fastest round). On CUDA
+    the device is synchronized around each run; an out-of-memory size is None.
+    Timings are for showing, never for asserting.
+    """
+    n = _check_batch(inputs, targets)
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    sizes = list(micro_batches)
+    if not sizes:
+        raise ValueError("micro_batches is empty; give at least one micro-batch size")
+    for m in sizes:
+        _check_micro_batch(m, n)
+    device = next(model.parameters()).device
+    work = {m: partial(accumulated_grad, model, loss_fn, inputs, targets, m) for m in sizes}
+    alive = [m for m in sizes if run_or_oom(work[m]) is not None]  # warm-up
+    clear_grads(model)
+    seconds: dict[int, list[float]] = {m: [] for m in alive}
+    for _ in range(rounds):
+        for m in list(alive):
+            synchronize(device)
+            start = time.perf_counter()
+            if run_or_oom(work[m]) is None:
+                alive.remove(m)
+                continue
+            synchronize(device)
+            seconds[m].append(time.perf_counter() - start)
+    out: dict[int, Timing | None] = {}
+    for m in sizes:
+        times = sorted(seconds.get(m, []))
+        if m not in alive or not times:
+            out[m] = None
+            continue
+        out[m] = Timing(median=n / times[len(times) // 2], low=n / times[-1], high=n / times[0],
+                        rounds=len(times))
+    return out
+
+
+# -- sizes and the per-lesson protocol ---------------------------------------------------
+@dataclass(frozen=True)
+class LessonSizes:
+    """The sizes lesson 03 uses at one scale (see `lesson_sizes`)."""
+
+    mlp: dict  # ResidualMLP(**mlp)
+    micro: int  # MLP micro-batch
+    k: int  # MLP accumulation steps
+    gpt: GPTConfig
+    gpt_micro: int
+    gpt_k: int
+    b_eff: int  # throughput sweep: effective batch
+    widget_b_max: int  # memory widget: largest micro-batch size B
+    widget_k_max: int  # ... and largest accumulation steps K
+
+
+def lesson_sizes(scale: str) -> LessonSizes:
+    """Lesson 03's sizes at `scale` ('tiny', 'small', 'medium' or 'full')."""
+    def pick(**kw: object) -> object:
+        return by_scale(scale, **kw)
+
+    micro, k = pick(tiny=(4, 4), small=(8, 8), medium=(32, 8), full=(64, 8))
+    gpt_micro, gpt_k = pick(tiny=(4, 3), small=(8, 4), medium=(8, 4), full=(4, 4))
+    b_max, k_max = pick(tiny=(8, 8), small=(8, 8), medium=(8, 8), full=(4, 8))
+    return LessonSizes(
+        mlp=pick(tiny=dict(d_in=16, width=64, depth=2, d_out=4),
+                 small=dict(d_in=32, width=128, depth=3, d_out=8),
+                 medium=dict(d_in=128, width=512, depth=6, d_out=32),
+                 full=dict(d_in=256, width=1024, depth=8, d_out=64)),
+        micro=micro, k=k,
+        gpt=pick(
+            tiny=GPTConfig(vocab_size=512, seq_len=32, d_model=32, n_heads=2, n_layers=1, dropout=0.0),
+            small=GPTConfig(vocab_size=2048, seq_len=64, d_model=64, n_heads=4, n_layers=2, dropout=0.0),
+            medium=GPTConfig(vocab_size=16384, seq_len=256, d_model=512, n_heads=8, n_layers=4,
+                             dropout=0.0),
+            full=GPTConfig(vocab_size=32768, seq_len=512, d_model=768, n_heads=12, n_layers=6,
+                           dropout=0.0),
+        ),
+        gpt_micro=gpt_micro, gpt_k=gpt_k,
+        b_eff=pick(tiny=8, small=16, medium=32, full=32),
+        widget_b_max=b_max, widget_k_max=k_max,
+    )
+
+
+def gpt_activation_bytes(cfg: GPTConfig, micro_batch: int, *, dtype_bytes: int = 4) -> int:
+    """Predicted bytes autograd keeps for one forward + LM loss of `GPT(cfg)` on `micro_batch` sequences.
+
+    Korthikanti et al.'s per-layer sbh(34 + 5as/h) without the dropout terms
+    (dropout 0) at `dtype_bytes` per element, times the layers; plus the final
+    LayerNorm's input and output (2 sbh) and the log-softmax output over the
+    vocabulary (s b V). Lesson 03 checks it against `saved_activation_bytes`.
+    """
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
+    for name, value in (("micro_batch", micro_batch), ("dtype_bytes", dtype_bytes)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    s, b, h = cfg.seq_len, micro_batch, cfg.d_model
+    layer = sum(korthikanti_terms(s=s, b=b, h=h, a=cfg.n_heads, act_bytes=dtype_bytes,
+                                  dropout=False).values())
+    return int(cfg.n_layers * layer + dtype_bytes * (2 * s * b * h + s * b * cfg.vocab_size))
+
+
+def gpt_param_count(cfg: GPTConfig) -> int:
+    """Number of parameters of `GPT(cfg)` (embeddings, blocks, final LayerNorm, untied head)."""
+    h = cfg.d_model
+    block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (4 * h * h + 4 * h) + (4 * h * h + h)
+    return (cfg.vocab_size + cfg.seq_len) * h + cfg.n_layers * block + 2 * h + h * cfg.vocab_size
+
+
+def predicted_peak_bytes(scale: str) -> int:
+    """Predicted peak memory of lesson 03's largest experiment at `scale`, in bytes.
+
+    From `gpt_activation_bytes` (checked in the lesson) and the parameter
+    count: weights and gradients, the activations alive at once, and two
+    logits-sized temporaries of the backward. The candidates: the float64
+    full-batch gradient of the equality check, the summed-losses leak (K
+    micro-batches alive), the throughput sweep's largest micro-batch and the
+    memory widget's largest B x K. The ResidualMLP runs are far smaller.
+    """
+    z = lesson_sizes(scale)
+    cfg, p = z.gpt, gpt_param_count(z.gpt)
+
+    def run(sequences_alive: int, micro: int, dtype_bytes: int = 4) -> int:
+        logits = dtype_bytes * micro * cfg.seq_len * cfg.vocab_size
+        return (2 * dtype_bytes * p + gpt_activation_bytes(cfg, sequences_alive, dtype_bytes=dtype_bytes)
+                + 2 * logits)
+
+    group = z.gpt_micro * z.gpt_k
+    return max(
+        run(group, group, dtype_bytes=8),  # full_batch_grad in float64
+        run(group, z.gpt_micro),  # sum the losses, one backward
+        run(z.b_eff, z.b_eff),  # throughput at micro-batch = effective batch
+        run(z.widget_b_max * z.widget_k_max, z.widget_b_max),  # memory widget, summed losses
+    )
+
+
+# -- the memory widget -----------------------------------------------------------------
+def show_micro_step_memory(
+    model: nn.Module, loops: dict[str, Callable[..., object]], loss_fn: LossFn,
+    micro_batch: int = 8, steps: int = 4, *, seed: int = 5,
+) -> dict[str, MicroStepMemory]:
+    """Widget: live memory after each micro-step of each loop, for B = `micro_batch` and K = `steps`.
+
+    `model` is a `GPT`; each loop is called as `loop(batches, mark)` (the
+    lesson's teaching loops). Memory is drawn in units of one micro-batch's
+    saved activations. A loop that runs out of GPU memory is shown as OOM.
+    """
+    from helpers.data import token_batch
+    from helpers.plots import figure, format_bytes, show
+
+    for name, value in (("micro_batch", micro_batch), ("steps", steps)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    cfg = model.cfg
+    device = next(model.parameters()).device
+    x, y = token_batch(micro_batch * steps, cfg.seq_len, cfg.vocab_size, seed=seed, device=device)
+    batches = list(zip(x.split(micro_batch), y.split(micro_batch), strict=True))
+    unit = saved_activation_bytes(lambda: loss_fn(model(batches[0][0]), batches[0][1]))
+    clear_grads(model)
+    results = {}
+    for name, loop in loops.items():
+        res = run_or_oom(lambda loop=loop: micro_step_memory(partial(loop, batches), model))
+        clear_grads(model)
+        if res is None:
+            print(f"{name}: OOM at B = {micro_batch}, K = {steps}")
+        else:
+            results[name] = res
+    fig, (ax,) = figure(width=7, height=3.6)
+    plot_micro_step_memory(ax, results, unit_bytes=unit,
+                           title=f"B = {micro_batch}, K = {steps} (1 x = {format_bytes(unit)})")
+    show(fig)
+    print(f"micro-batch size (B) = {micro_batch}, accumulation steps (K) = {steps} -> "
+          f"effective batch B x K = {micro_batch * steps} sequences")
+    return results
+
+
+def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _reference_loops(model: nn.Module) -> dict[str, Callable[..., object]]:
+    """The lesson's three widget loops, for timing the widget outside the notebook."""
+    def correct(batches: list, mark: Mark) -> None:
+        for i, (x, y) in enumerate(batches):
+            (_lm_loss(model(x), y) / len(batches)).backward()
+            mark(f"micro-step {i + 1}")
+
+    def retain(batches: list, mark: Mark) -> None:
+        kept = []
+        for i, (x, y) in enumerate(batches):
+            loss = _lm_loss(model(x), y)
+            (loss / len(batches)).backward(retain_graph=True)
+            kept.append(loss)
+            mark(f"micro-step {i + 1}")
+
+    def summed(batches: list, mark: Mark) -> None:
+        total = 0.0
+        for i, (x, y) in enumerate(batches):
+            total = total + _lm_loss(model(x), y) / len(batches)
+            mark(f"micro-step {i + 1}")
+        total.backward()
+        mark("backward")
+
+    return {"correct loop": correct, "retain_graph + kept losses": retain,
+            "sum losses, one backward": summed}
+
+
+def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:
+    """One zero-argument callable per widget control of lesson 03, each doing one slider move.
+
+    The gradient widget (micro-batch size B, accumulation steps K, loss / K)
+    and the memory widget (B and K, on the lesson's GPT at `scale`).
+    """
+    from helpers.models import GPT
+
+    z = lesson_sizes(scale)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        gpt = GPT(z.gpt).to(device)
+    loops = _reference_loops(gpt)
+    memory = partial(show_micro_step_memory, gpt, loops, _lm_loss)
+    return {
+        "gradient B=64": lambda: show_gradient_error(64, 4, True),
+        "gradient K=16": lambda: show_gradient_error(8, 16, True),
+        "gradient B=64, K=16": lambda: show_gradient_error(64, 16, True),
+        "gradient loss / K off": lambda: show_gradient_error(8, 4, False),
+        "memory B=1": lambda: memory(1, z.gpt_k),
+        f"memory B={z.widget_b_max}": lambda: memory(z.widget_b_max, z.gpt_k),
+        f"memory K={z.widget_k_max}": lambda: memory(z.gpt_micro, z.widget_k_max),
+        f"memory B={z.widget_b_max}, K={z.widget_k_max}": lambda: memory(z.widget_b_max, z.widget_k_max),
+    }
+
+
+# -- exercise checkers -------------------------------------------------------------------
+def _say(ok: bool, yes: str, hint: str) -> str:
+    text = f"Correct: {yes}" if ok else f"Not yet. Hint: {hint}"
+    print(text)
+    return text
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def check_exercise_1(step_ratio: object) -> str:
+    """Exercise 1: SGD with max_norm=1.0: the unscaled run's first step length / the scaled run's.
+
+    Answer with a number. Returns (and prints) "Correct: ..." or a hint; never raises.
+    """
+    v = _number(step_ratio)
+    return _say(v is not None and abs(v - 1.0) <= 0.02,
+                "while both gradient norms are above max_norm, clipping rescales both to the same "
+                "length, so the steps are equally long and the missing 1/K is invisible. The "
+                "gradient-norm log still shows K times larger norms before clipping.",
+                "clip_grad_norm_ rescales a gradient whose norm is above max_norm to exactly max_norm.")
+
+
+def check_exercise_2(step_ratio: object) -> str:
+    """Exercise 2: Adam: the unscaled run's first weight change / the scaled run's (a number)."""
+    v = _number(step_ratio)
+    return _say(v is not None and abs(v - 1.0) <= 0.05,
+                "Adam divides the first moment by the square root of the second, so a gradient K times "
+                "larger gives (almost) the same step; only eps breaks the tie. It is still not the same "
+                "algorithm: eps, weight decay and clipping thresholds now act on K-times gradients.",
+                "Adam's first step is lr * m / (sqrt(v) + eps) with m = (1 - b1) g and v = (1 - b2) g^2.")
+
+
+def check_exercise_3(changed: object) -> str:
+    """Exercise 3: with retain_graph=True in keep_logits, which kept-logits line grows?
+
+    Answer with one of 'keep logits', 'keep logits.detach()', 'keep predictions'.
+    """
+    text = str(changed).strip().lower()
+    ok = "logits" in text and "detach" not in text and "prediction" not in text
+    return _say(ok, "only the kept logits (with their grad_fn) keep the retained graph alive: about one "
+                    "micro-batch of activations more per micro-step. Detached logits and predictions "
+                    "hold no graph, so those lines do not change.",
+                "which of the kept tensors still refers to the graph that retain_graph=True kept?")
+
+
+def check_exercise_4(leak: object, fix: object) -> str:
+    """Exercise 4: `running = running + loss` after each backward: which leak ('a', 'b', 'c'), which fix?"""
+    leak_ok = str(leak).strip().lower().strip("()") == "c"
+    fix_ok = any(word in str(fix).lower() for word in ("item", "detach"))
+    return _say(leak_ok and fix_ok,
+                "it is (c), a kept tensor with a grad_fn: each backward has already freed the saved "
+                "activations, so only a few bytes per micro-step stay, but the chain of graph nodes "
+                "grows. Fix: running += loss.item() (or loss.detach()).",
+                "backward runs every micro-step here, so the saved activations are freed; what does "
+                "`running` still hold on to? (leak: 'a', 'b' or 'c'; fix: one word)")

@@ -9,9 +9,16 @@ compare_grads). Four pitfalls, each with the measurement a notebook needs:
   full-batch mask can be sliced per micro-batch (`dropout_grads`).
 - Scheduler stepping: `warmup_cosine` and `lr_schedule` (a real `LambdaLR`
   stepped per update or per micro-step).
-- Mixed precision: `amp_update` runs one accumulated update with a GradScaler
-  in the correct order or in one of the wrong ones, and reports the gradient
-  the optimizer actually applied.
+- Mixed precision (float16 autocast on CPU and CUDA): `amp_update` runs one
+  accumulated update with a GradScaler in the correct order or in one of the
+  wrong ones, and reports the gradient the optimizer actually applied and the
+  norm clipping saw; `fp16_underflow` counts the gradient entries float16
+  flushes to zero without a scaler.
+
+Widgets: `show_bn_error` (micro-batch size B, accumulation steps K, the
+normalisation) and `show_schedule` (K). The lesson's sizes per scale are in
+`lesson_sizes`; `predicted_peak_bytes` and `widget_latency_cases` are the
+per-lesson protocol; `check_exercise_1..4` check the exercises' answers.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from helpers.accumulation import (
     full_batch_grad,
 )
 from helpers.data import image_batch, regression_batch
-from helpers.device import seed_everything
+from helpers.device import by_scale, seed_everything
 from helpers.models import NORMS, ConvNet
 
 BN_MODES = ("train", "eval", "frozen")
@@ -305,6 +312,10 @@ class Schedule:
     warmup_end_examples: int
     warnings: list[str]
 
+    def first_update_at_zero(self) -> int | None:
+        """The first update (counted from 1) that ran with learning rate 0, or None."""
+        return next((i + 1 for i, lr in enumerate(self.lrs) if lr == 0.0), None)
+
 
 def lr_schedule(
     accum_steps: int, *, per: str = "update", micro_batch: int = 8, updates: int = 64,
@@ -361,8 +372,13 @@ def plot_lr_schedules(ax: Axes, schedules: dict[str, Schedule], *, title: str = 
 
 # -- Mixed precision -----------------------------------------------------------------
 def amp_dtype(device: torch.device | str) -> torch.dtype:
-    """float16 on CUDA (needs a GradScaler), bfloat16 on CPU."""
-    return torch.float16 if torch.device(device).type == "cuda" else torch.bfloat16
+    """float16 on every device: the half type whose narrow range needs a GradScaler.
+
+    CPU autocast supports float16 (checked on torch 2.13); on CUDA it is the usual case.
+    `device` is validated only.
+    """
+    torch.device(device)
+    return torch.float16
 
 
 @dataclass(frozen=True)
@@ -371,18 +387,23 @@ class AmpOutcome:
 
     `applied` is the flat gradient at the moment `optimizer.step()` ran (None
     if it never ran); `error` is the text of an exception torch raised (None
-    if none); `skipped` is True when GradScaler skipped the step.
+    if none); `skipped` is True when GradScaler skipped the step;
+    `clip_norm` is the total norm `clip_grad_norm_` measured (what clipping
+    saw, before it rescaled; None if it never ran); `scale` is the scaler's
+    scale during the update (1.0 when the scaler is off).
     """
 
     applied: torch.Tensor | None
     error: str | None
     skipped: bool
+    clip_norm: float | None = None
+    scale: float = 1.0
 
 
 def amp_update(
     model: nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor,
     micro_batch: int, *, order: str = "correct", amp: bool = True, max_norm: float = 1.0,
-    init_scale: float = 2.0**10,
+    init_scale: float = 2.0**10, use_scaler: bool = True, loss_weight: float = 1.0,
 ) -> AmpOutcome:
     """Run one accumulated update of a deep copy of `model` (SGD, lr 0.1) with a GradScaler.
 
@@ -393,9 +414,13 @@ def amp_update(
     - 'update_each': scaler.update() after every micro-step (torch raises).
     - 'unscale_update_each': unscale_ and update after every micro-step.
     - 'clip_before_unscale': clip the still-scaled gradients, then unscale_.
-    `amp=False` runs the same loop in float32 with a disabled scaler (the reference).
-    The scaler starts at `init_scale` (torch's default, 2**16, can overflow
-    float16 on the very first step, which GradScaler then skips).
+    `amp=False` runs the same loop in float32 with a disabled scaler (the reference);
+    `use_scaler=False` keeps float16 autocast but disables the scaler (no loss
+    scaling at all). Each micro-batch's loss is multiplied by `loss_weight`
+    (to reach the small losses where float16 underflows). The scaler starts at
+    `init_scale` (torch's default, 2**16, can overflow float16 on the very
+    first step, which GradScaler then skips). `max_norm=math.inf` measures
+    the norm without clipping.
     """
     _check_choice("order", order, AMP_ORDERS)
     n = inputs.shape[0]
@@ -409,14 +434,21 @@ def amp_update(
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if not init_scale > 0:
         raise ValueError(f"init_scale must be > 0, got {init_scale!r}")
-    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, enabled=amp)
+    if not isinstance(loss_weight, (int, float)) or isinstance(loss_weight, bool) or not loss_weight > 0:
+        raise ValueError(f"loss_weight must be a number > 0, got {loss_weight!r}")
+    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, enabled=amp and use_scaler)
+    scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
     seen: list[torch.Tensor] = []
+    norms: list[float] = []
     opt.register_step_pre_hook(lambda *_: seen.append(flat_grad(model)))
-    clip = lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # noqa: E731
+
+    def clip() -> None:
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
+
     try:
         for x, y in zip(inputs.split(micro_batch), targets.split(micro_batch), strict=True):
             with torch.autocast(device.type, dtype=amp_dtype(device), enabled=amp):
-                loss = loss_fn(model(x), y)
+                loss = loss_fn(model(x), y) * loss_weight
             scaler.scale(loss * x.shape[0] / n).backward()
             if order in ("unscale_each", "unscale_update_each"):
                 scaler.unscale_(opt)
@@ -433,5 +465,292 @@ def amp_update(
         scaler.step(opt)
         scaler.update()
     except (RuntimeError, AssertionError) as exc:
-        return AmpOutcome(None, f"{type(exc).__name__}: {exc}", skipped=False)
-    return AmpOutcome(seen[0] if seen else None, None, skipped=not seen)
+        return AmpOutcome(None, f"{type(exc).__name__}: {exc}", skipped=False,
+                          clip_norm=norms[0] if norms else None, scale=scale)
+    return AmpOutcome(seen[0] if seen else None, None, skipped=not seen,
+                      clip_norm=norms[0] if norms else None, scale=scale)
+
+
+@dataclass(frozen=True)
+class Underflow:
+    """Gradient entries float16 flushed to zero, with and without a GradScaler.
+
+    `nonzero` counts the float32 reference's non-zero entries; `zeroed_plain`
+    and `zeroed_scaled` count those that came out exactly 0.0 under float16
+    autocast without and with loss scaling; `error_plain` / `error_scaled`
+    are the L2-relative errors against the reference; `scale` is the loss scale.
+    """
+
+    nonzero: int
+    zeroed_plain: int
+    zeroed_scaled: int
+    error_plain: float
+    error_scaled: float
+    scale: float
+
+
+def fp16_underflow(
+    model: nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor,
+    micro_batch: int, *, loss_weight: float, init_scale: float = 2.0**16,
+) -> Underflow:
+    """One accumulated update three ways (float32; float16 without scaler; float16 with one).
+
+    Nothing is clipped (`max_norm=inf`), so the applied gradients are the raw
+    accumulated ones; see `Underflow` for what is counted.
+    """
+    kw = dict(order="correct", max_norm=math.inf, loss_weight=loss_weight)
+    ref = amp_update(model, loss_fn, inputs, targets, micro_batch, amp=False, **kw)
+    plain = amp_update(model, loss_fn, inputs, targets, micro_batch, use_scaler=False, **kw)
+    scaled = amp_update(model, loss_fn, inputs, targets, micro_batch, init_scale=init_scale, **kw)
+    for name, out in (("float32", ref), ("float16 without scaler", plain), ("float16 with scaler", scaled)):
+        if out.applied is None:
+            raise RuntimeError(f"the {name} run took no step ({out.error or 'skipped: inf/nan'})")
+    nz = ref.applied != 0
+    return Underflow(
+        nonzero=int(nz.sum()),
+        zeroed_plain=int(((plain.applied == 0) & nz).sum()),
+        zeroed_scaled=int(((scaled.applied == 0) & nz).sum()),
+        error_plain=relative_error(ref.applied, plain.applied),
+        error_scaled=relative_error(ref.applied, scaled.applied),
+        scale=scaled.scale,
+    )
+
+
+# -- sizes, widgets and the per-lesson protocol -----------------------------------------
+@dataclass(frozen=True)
+class LessonSizes:
+    """The sizes lesson 04 uses at one scale (see `lesson_sizes`)."""
+
+    batch: int  # BatchNorm experiments: images per full batch
+    width: int  # ConvNet channels
+    size: int  # image side in pixels
+    updates: int  # scheduler experiment: optimizer updates
+    warmup: int  # ... of which warmup
+    hidden: int  # ResidualMLP width in the scheduler run
+    n_eval: int  # held-out examples
+    n_amp: int  # mixed-precision batch
+    width_amp: int  # ResidualMLP width in the mixed-precision runs
+    widget_b_max: int  # BatchNorm widget: largest micro-batch size B
+    widget_k_max: int  # ... and largest accumulation steps K
+
+
+def lesson_sizes(scale: str) -> LessonSizes:
+    """Lesson 04's sizes at `scale` ('tiny', 'small', 'medium' or 'full')."""
+    def pick(**kw: object) -> object:
+        return by_scale(scale, **kw)
+
+    return LessonSizes(
+        batch=pick(tiny=16, small=32, medium=128, full=256),
+        width=pick(tiny=8, small=16, medium=32, full=64),
+        size=pick(tiny=8, small=8, medium=16, full=32),
+        updates=pick(tiny=24, small=24, medium=128, full=256),
+        warmup=pick(tiny=8, small=8, medium=32, full=64),
+        hidden=pick(tiny=16, small=32, medium=128, full=256),
+        n_eval=pick(tiny=128, small=128, medium=1024, full=4096),
+        n_amp=pick(tiny=32, small=64, medium=1024, full=4096),
+        width_amp=pick(tiny=32, small=64, medium=512, full=1024),
+        widget_b_max=pick(tiny=16, small=32, medium=64, full=128),
+        widget_k_max=pick(tiny=8, small=8, medium=8, full=8),
+    )
+
+
+def convnet_activation_bytes(batch: int, *, width: int, depth: int, size: int,
+                             in_channels: int = 3, dtype_bytes: int = 4) -> int:
+    """Predicted bytes autograd keeps for one forward of `ConvNet` (BatchNorm) on `batch` images.
+
+    The input images, then per block the norm's input and the ReLU's output
+    (the next convolution's input is that same ReLU output), each size x size
+    per channel; plus the classifier's input. Checked against
+    `saved_activation_bytes` in the tests (within 10%).
+    """
+    for name, value in (("batch", batch), ("width", width), ("depth", depth), ("size", size),
+                        ("in_channels", in_channels), ("dtype_bytes", dtype_bytes)):
+        _check_int(name, value)
+    per_image = size * size * (in_channels + 2 * width * depth) + width
+    return batch * per_image * dtype_bytes
+
+
+def mlp_activation_bytes(n: int, *, d_in: int, width: int, depth: int, expansion: int = 4,
+                         dtype_bytes: int = 4) -> int:
+    """Predicted bytes autograd keeps for one forward of `ResidualMLP` on `n` examples.
+
+    Per block: the LayerNorm's input and output, fc1's output and GELU's output
+    (`expansion` x width each); plus the input and the output layer's input.
+    Checked against `saved_activation_bytes` in the tests (within 10%).
+    """
+    for name, value in (("n", n), ("d_in", d_in), ("width", width), ("depth", depth),
+                        ("expansion", expansion), ("dtype_bytes", dtype_bytes)):
+        _check_int(name, value)
+    per_example = d_in + width + depth * (2 * width + 2 * expansion * width)
+    return n * per_example * dtype_bytes
+
+
+def _convnet_param_count(width: int, depth: int, in_channels: int = 3, classes: int = 10) -> int:
+    convs = 9 * width * (in_channels + width * (depth - 1))
+    return convs + 2 * width * depth + width * classes + classes
+
+
+def predicted_peak_bytes(scale: str) -> int:
+    """Predicted peak memory of lesson 04's largest experiment at `scale`, in bytes.
+
+    The candidates, from the lesson's own sizes and the activation formulas
+    above (float32, each counted with its model, gradients and two Adam-sized
+    states, plus one more activation set for the backward's temporaries):
+    the BatchNorm full-batch gradient and the BatchNorm widget's largest
+    B x K batch; the scheduler run (ResidualMLP, AdamW); the mixed-precision
+    update (counted in float32, an upper bound for float16).
+    """
+    s = lesson_sizes(scale)
+    conv_state = 4 * 4 * _convnet_param_count(s.width, 3)
+    bn_batch = max(s.batch, s.widget_b_max * s.widget_k_max)
+    conv = conv_state + 2 * convnet_activation_bytes(bn_batch, width=s.width, depth=3, size=s.size)
+    def mlp(n: int, d_in: int, width: int) -> int:
+        params = d_in * width + width + 2 * (8 * width * width + 7 * width) + width + 1
+        return 4 * 4 * params + 2 * mlp_activation_bytes(n, d_in=d_in, width=width, depth=2)
+    sched = mlp(max(s.n_eval, 8), 16, s.hidden)
+    amp = mlp(s.n_amp // 4, 32, s.width_amp)
+    return int(max(conv, sched, amp))
+
+
+def bn_error_by_steps(micro_batch: int, accum_steps: int, norm: str = "batch", *, width: int = 16,
+                      depth: int = 3, size: int = 8, seed: int = 0,
+                      device: torch.device | str = "cpu") -> dict[int, float]:
+    """BatchNorm widget's numbers: {K': gradient error} at the effective batch N = B x K.
+
+    The full batch is `micro_batch * accum_steps` images; K' runs over the
+    chosen K and the powers of two up to max(K, 8) that divide N, each
+    accumulated over micro-batches of N / K' (K' = 1 is the full batch
+    itself, error 0). The error is ||g_acc - g_full|| / ||g_full||.
+    """
+    _check_int("micro_batch", micro_batch)
+    _check_int("accum_steps", accum_steps)
+    n = micro_batch * accum_steps
+    steps = sorted({k for k in (1, 2, 4, 8, 16, 32) if k <= max(accum_steps, 8) and n % k == 0}
+                   | {accum_steps})
+    curve = norm_error_curve(norm, batch=n, micro_batches=[n // k for k in steps], width=width,
+                             depth=depth, size=size, seed=seed, device=device)
+    return {k: curve[n // k] for k in steps}
+
+
+def show_bn_error(micro_batch: int = 4, accum_steps: int = 4, norm: str = "batch", *,
+                  width: int = 16, depth: int = 3, size: int = 8,
+                  device: torch.device | str = "cpu") -> None:
+    """Widget: the gradient error for B and K, against other splits of the same effective batch.
+
+    Prints the effective batch B x K and the error, and draws error against the
+    number of accumulation steps at that effective batch (`bn_error_by_steps`
+    gives the numbers).
+    """
+    from helpers.plots import figure, show
+
+    errors = bn_error_by_steps(micro_batch, accum_steps, norm, width=width, depth=depth, size=size,
+                               device=device)
+    n = micro_batch * accum_steps
+    fig, [ax] = figure(height=3.0)
+    ks = list(errors)
+    ax.plot(ks, [max(errors[k], 1e-9) for k in ks], marker="o", color="#4C72B0",
+            label=f"norm={norm}, effective batch {n}")
+    ax.plot([accum_steps], [max(errors[accum_steps], 1e-9)], marker="o", ms=12, mfc="none",
+            color="crimson", label=f"your choice: B={micro_batch}, K={accum_steps}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_ylim(1e-10, 10)
+    ax.set(xlabel="accumulation steps K (micro-batch = effective batch / K)",
+           ylabel="relative gradient error",
+           title=f"accumulated vs full-batch gradient, effective batch {n}")
+    ax.text(0.99, 0.02, "points at 1e-9 are exactly 0 (K = 1 is the full batch)",
+            transform=ax.transAxes, ha="right", fontsize=8, color="#666")
+    ax.legend(fontsize=8, loc="upper left")
+    show(fig)
+    print(f"micro-batch size (B) = {micro_batch}, accumulation steps (K) = {accum_steps} -> "
+          f"effective batch B x K = {n}; norm={norm}: relative gradient error "
+          f"{errors[accum_steps]:.2e} against one batch of {n}")
+
+
+def show_schedule(accum_steps: int = 4, *, micro_batch: int = 8, updates: int = 24,
+                  warmup: int = 8) -> None:
+    """Widget: the LR per update with the scheduler stepped per update and per micro-step."""
+    from helpers.plots import figure, show
+
+    kw = dict(micro_batch=micro_batch, updates=updates, warmup=warmup)
+    right = lr_schedule(accum_steps, per="update", **kw)
+    wrong = lr_schedule(accum_steps, per="micro", **kw)
+    fig, [ax] = figure(height=3.0)
+    plot_lr_schedules(ax, {"per update": right, "per micro-step": wrong},
+                      title=f"K = {accum_steps}, effective batch {micro_batch} x {accum_steps}")
+    show(fig)
+    zero, zero_right = wrong.first_update_at_zero(), right.first_update_at_zero()
+    print(f"micro-batch size (B) = {micro_batch}, accumulation steps (K) = {accum_steps} -> effective "
+          f"batch B x K = {micro_batch * accum_steps}; stepped per micro-step the LR reaches 0 at "
+          f"update {zero or 'never'} of {updates} (per update: update {zero_right or 'never'})")
+
+
+def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:
+    """One zero-argument callable per widget control of lesson 04, each doing one slider move.
+
+    Covers the BatchNorm widget's micro-batch size (B), accumulation steps (K)
+    and normalisation, and the schedule widget's K, at the lesson's sizes.
+    """
+    s = lesson_sizes(scale)
+    conv = dict(width=s.width, size=s.size, device=device)
+    sched = dict(micro_batch=8, updates=s.updates, warmup=s.warmup)
+    return {
+        "B=1": lambda: show_bn_error(1, 4, "batch", **conv),
+        f"B={s.widget_b_max}": lambda: show_bn_error(s.widget_b_max, 4, "batch", **conv),
+        f"K={s.widget_k_max}": lambda: show_bn_error(4, s.widget_k_max, "batch", **conv),
+        f"B={s.widget_b_max}, K={s.widget_k_max}":
+            lambda: show_bn_error(s.widget_b_max, s.widget_k_max, "batch", **conv),
+        "norm group": lambda: show_bn_error(4, 4, "group", **conv),
+        "schedule K=16": lambda: show_schedule(16, **sched),
+        "schedule K=1": lambda: show_schedule(1, **sched),
+    }
+
+
+# -- exercise checkers ---------------------------------------------------------------
+def _say(ok: bool, yes: str, hint: str) -> str:
+    text = f"Correct: {yes}" if ok else f"Not yet. Hint: {hint}"
+    print(text)
+    return text
+
+
+def check_exercise_1(gap_that_closes: object) -> str:
+    """Exercise 1 (BatchNorm momentum=None): which running statistic's gap closes?
+
+    Answer with 'running_mean' or 'running_var'. Returns (and prints) "Correct: ..."
+    or a hint; never raises.
+    """
+    answer = str(gap_that_closes).strip().lower().replace(" ", "_")
+    return _say(
+        answer in ("running_mean", "mean"),
+        "with momentum=None the running mean is a plain average, and the average of K equal-sized "
+        "micro-batch means is the full batch's mean. The variance gap stays: each micro-batch's "
+        "variance is taken around its own mean, so the spread between the micro-batch means is missing.",
+        "compare the average of K micro-batch means with the mean of the whole batch, then do the same "
+        "for variances (each measured around a different mean).",
+    )
+
+
+def check_exercise_2(micro_batch: object, ghost: int = 4) -> str:
+    """Exercise 2: which `micro_batch` of `accumulated_grad` matches ghost BN with `ghost` examples?"""
+    ok = isinstance(micro_batch, int) and not isinstance(micro_batch, bool) and micro_batch == ghost
+    return _say(ok, f"ghost batch norm with ghost batches of {ghost} is accumulation with micro-batches "
+                    f"of {ghost}: the BatchNorm statistics come from the same {ghost} examples.",
+                "the gradient only depends on which examples each BatchNorm normalises together.")
+
+
+def check_exercise_3(matches: object) -> str:
+    """Exercise 3: does the per-micro-step run with a K-times longer schedule match per-update? (bool)"""
+    ok = matches is True or str(matches).strip().lower() in ("yes", "true")
+    return _say(ok, "the update at micro-step K*u uses factor(K*u - 1) of the K-times longer schedule, "
+                    "which equals factor(u - 1) of the original: the same LR at every update.",
+                "work out which LR the u-th optimizer step sees when the scheduler has been stepped "
+                "K*u - 1 times on a schedule of warmup*K and updates*K steps.")
+
+
+def check_exercise_4(skipped: object, next_scale: object) -> str:
+    """Exercise 4: with init_scale=2**24, is the first step skipped, and what scale comes next?"""
+    ok = skipped is True and isinstance(next_scale, (int, float)) and next_scale == 2.0**23
+    return _say(ok, "the scaled float16 gradients overflow to inf, GradScaler skips optimizer.step() "
+                    "and update() halves the scale (backoff_factor 0.5) to 2**23.",
+                "look at out.skipped, then call scaler.update() once and read scaler.get_scale(); "
+                "GradScaler's backoff_factor is 0.5.")

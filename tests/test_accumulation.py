@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import accumulation_lab as lab
 from helpers.accumulation import (
     GradDiff,
     accumulated_grad,
@@ -18,12 +19,15 @@ from helpers.accumulation import (
     micro_batch_sizes,
 )
 from helpers.accumulation_lab import (
+    angle_degrees,
     examples_per_second,
     gradient_error,
+    group_gradient,
     micro_step_memory,
     plot_micro_step_memory,
     scatter_grads,
     show_gradient_error,
+    throughput_sweep,
 )
 from helpers.data import image_batch, regression_batch, token_batch
 from helpers.memory import saved_activation_bytes
@@ -260,7 +264,8 @@ def test_gradient_error_widget_function():
 
 def test_widgets_and_plots_draw(capsys):
     show_gradient_error(2, 3, False)
-    assert "norm_ratio 3.0000" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "norm_ratio 3.0000" in out and "effective batch B x K = 6" in out
     from helpers.plots import figure
 
     fig, (ax1, ax2) = figure(2)
@@ -295,3 +300,74 @@ def test_equal_gradients_on_cuda():
         assert compare_grads(ref, accumulated_grad(model, fn, x, y, 4)).max_rel <= 1e-5
         unscaled = compare_grads(ref, accumulated_grad(model, fn, x, y, 4, scale=False))
         assert abs(unscaled.norm_ratio - len(x) // 4) <= 1e-4
+
+
+# -- the true gradient, throughput, sizes, protocol, checkers ----------------------------
+def test_group_gradient_leaves_grad_alone_and_matches_full_batch():
+    model, fn, x, y = mlp_case()
+    batches = list(zip(x.split(5), y.split(5), strict=True))  # 5, 5, 5, 5, 4
+    (fn(model(x[:3]), y[:3])).backward()
+    before = flat_grad(model)
+    g = group_gradient(model, fn, batches)
+    assert torch.equal(flat_grad(model), before)  # .grad untouched
+    model.zero_grad(set_to_none=True)
+    assert compare_grads(full_batch_grad(model, fn, x, y), g).max_rel <= 1e-5
+    assert angle_degrees(g, g) < 1e-3 and abs(angle_degrees(g, -g) - 180) < 1e-3
+    with pytest.raises(ValueError, match="empty"):
+        group_gradient(model, fn, [])
+
+
+def test_throughput_sweep_reports_median_and_spread():
+    model, fn, x, y = mlp_case()
+    res = throughput_sweep(model, fn, x, y, [4, 24], rounds=3)
+    for t in res.values():
+        assert t is not None and t.rounds == 3 and t.low <= t.median <= t.high
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError, match="rounds"):
+        throughput_sweep(model, fn, x, y, [4], rounds=0)
+    with pytest.raises(ValueError, match="larger than the batch"):
+        throughput_sweep(model, fn, x, y, [25])
+
+
+def test_gpt_activation_formula_and_param_count():
+    for cfg, b in [(GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_layers=2, dropout=0.0), 3),
+                   (lab.lesson_sizes("tiny").gpt, 2)]:
+        torch.manual_seed(0)
+        model = GPT(cfg)
+        x, y = token_batch(b, cfg.seq_len, cfg.vocab_size, seed=0)
+        act = saved_activation_bytes(lambda model=model, x=x, y=y: lm_loss(model(x), y))
+        assert abs(act / lab.gpt_activation_bytes(cfg, b) - 1) <= 0.05
+        assert lab.gpt_param_count(cfg) == sum(p.numel() for p in model.parameters())
+    with pytest.raises(TypeError, match="GPTConfig"):
+        lab.gpt_activation_bytes("cfg", 2)
+    with pytest.raises(TypeError, match="micro_batch"):
+        lab.gpt_activation_bytes(cfg, True)
+
+
+@pytest.mark.parametrize("scale", ["tiny", "small", "medium", "full"])
+def test_predicted_peak_fits_the_scale(scale):
+    peak = lab.predicted_peak_bytes(scale)
+    assert 0 < peak <= {"tiny": 1e9, "small": 1e9, "medium": 0.7 * 12e9, "full": 0.7 * 40e9}[scale]
+
+
+def test_widget_latency_cases_run(capsys):
+    cases = lab.widget_latency_cases("tiny", torch.device("cpu"))
+    assert any(k.startswith("memory") for k in cases) and any(k.startswith("gradient") for k in cases)
+    for fn in cases.values():
+        fn()
+    assert "effective batch B x K" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("check", "right", "wrong"),
+    [
+        (lab.check_exercise_1, (1.0,), (8.0,)),
+        (lab.check_exercise_2, (1.0,), (8.0,)),
+        (lab.check_exercise_3, ("keep logits",), ("keep predictions",)),
+        (lab.check_exercise_4, ("c", "item"), ("b", "detach")),
+    ],
+)
+def test_exercise_checkers(check, right, wrong, capsys):
+    assert check(*right).startswith("Correct")
+    assert check(*wrong).startswith("Not yet")
+    assert check(*[None] * len(right)).startswith("Not yet")  # never raises on odd input

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import matplotlib
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,7 @@ from helpers.accumulation import accumulated_grad, compare_grads, full_batch_gra
 from helpers.data import image_batch, regression_batch
 from helpers.models import ConvNet, ResidualMLP
 
+matplotlib.use("Agg")
 TINY = dict(width=4, depth=2, size=8)
 
 
@@ -135,8 +137,88 @@ def test_amp_wrong_orders_raise_or_shrink() -> None:
 
 
 def test_amp_dtype() -> None:
-    assert pitfalls.amp_dtype("cpu") == torch.bfloat16
+    assert pitfalls.amp_dtype("cpu") == torch.float16
     assert pitfalls.amp_dtype("cuda") == torch.float16
+
+
+def test_fp16_underflow_without_scaler() -> None:
+    model, x, y = _amp_setup()
+    under = pitfalls.fp16_underflow(model, F.mse_loss, x, y, 4, loss_weight=1e-5)
+    assert under.zeroed_plain >= 0.05 * under.nonzero, under
+    assert under.zeroed_scaled <= 0.1 * under.zeroed_plain, under
+    assert under.error_plain > 10 * under.error_scaled and under.scale == 2.0**16
+
+
+def test_clip_before_unscale_sees_the_scaled_norm() -> None:
+    model, x, y = _amp_setup()
+    ref = pitfalls.amp_update(model, F.mse_loss, x, y, 4, amp=False)
+    out = pitfalls.amp_update(model, F.mse_loss, x, y, 4, order="clip_before_unscale")
+    assert out.scale == 2.0**10
+    assert abs(out.clip_norm / (out.scale * ref.clip_norm) - 1) < 1e-2
+    assert abs(out.applied.norm().item() * out.scale - 1.0) < 1e-2  # max_norm / S
+
+
+def test_first_update_at_zero_counts_from_one() -> None:
+    wrong = pitfalls.lr_schedule(4, per="micro", updates=24, warmup=8)
+    right = pitfalls.lr_schedule(4, per="update", updates=24, warmup=8)
+    n = wrong.first_update_at_zero()
+    assert wrong.lrs[n - 1] == 0.0 and wrong.lrs[n - 2] > 0.0
+    assert right.first_update_at_zero() == 24
+
+
+# -- widgets, sizes, protocol and checkers --------------------------------------------
+def test_bn_error_by_steps_and_widgets(capsys) -> None:
+    errors = pitfalls.bn_error_by_steps(4, 4, "batch")
+    assert set(errors) == {1, 2, 4, 8} and errors[1] < 1e-5 and errors[4] > 0.01
+    assert max(pitfalls.bn_error_by_steps(2, 3, "group").values()) < 1e-4
+    pitfalls.show_bn_error(2, 4, "batch")
+    assert "effective batch B x K = 8" in capsys.readouterr().out
+    pitfalls.show_schedule(4)
+    assert "effective batch B x K = 32" in capsys.readouterr().out
+
+
+def test_activation_formulas_match_measurement() -> None:
+    from helpers.memory import saved_activation_bytes
+
+    model = ConvNet(3, 16, 3, 10, norm="batch")
+    x, y = image_batch(8, size=8)
+    act = saved_activation_bytes(lambda: F.cross_entropy(model(x), y))
+    pred = pitfalls.convnet_activation_bytes(8, width=16, depth=3, size=8)
+    assert act <= pred <= 1.1 * act, (act, pred)
+    mlp = ResidualMLP(32, 64, 2, 1)
+    x, y = regression_batch(16, 32, 1)
+    act = saved_activation_bytes(lambda: F.mse_loss(mlp(x), y))
+    pred = pitfalls.mlp_activation_bytes(16, d_in=32, width=64, depth=2)
+    assert act <= pred <= 1.1 * act, (act, pred)
+
+
+@pytest.mark.parametrize("scale", ["tiny", "small", "medium", "full"])
+def test_predicted_peak_fits_the_scale(scale: str) -> None:
+    peak = pitfalls.predicted_peak_bytes(scale)
+    assert 0 < peak <= {"tiny": 1e9, "small": 1e9, "medium": 0.7 * 12e9, "full": 0.7 * 40e9}[scale]
+
+
+def test_widget_latency_cases_run(capsys) -> None:
+    cases = pitfalls.widget_latency_cases("tiny", torch.device("cpu"))
+    assert {"B=1", "norm group", "schedule K=16"} <= set(cases)
+    for fn in cases.values():
+        fn()
+    assert "effective batch" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("check", "right", "wrong"),
+    [
+        (pitfalls.check_exercise_1, ("running_mean",), ("running_var",)),
+        (pitfalls.check_exercise_2, (4,), (8,)),
+        (pitfalls.check_exercise_3, (True,), (False,)),
+        (pitfalls.check_exercise_4, (True, 2.0**23), (False, 2.0**24)),
+    ],
+)
+def test_exercise_checkers(check, right, wrong, capsys) -> None:
+    assert check(*right).startswith("Correct")
+    assert check(*wrong).startswith("Not yet")
+    assert check(*[None] * len(right)).startswith("Not yet")  # never raises on odd input
 
 
 # -- bad arguments -------------------------------------------------------------------
@@ -173,6 +255,11 @@ def test_amp_dtype() -> None:
                                      *regression_batch(4, 8), 2, max_norm=0.0), "max_norm"),
         (lambda: pitfalls.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
                                      *regression_batch(4, 8), 2, init_scale=-1.0), "init_scale"),
+        (lambda: pitfalls.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
+                                     *regression_batch(4, 8), 2, loss_weight=0.0), "loss_weight"),
+        (lambda: pitfalls.bn_error_by_steps(0, 4), "micro_batch must be"),
+        (lambda: pitfalls.lesson_sizes("huge"), "scale='huge'"),
+        (lambda: pitfalls.convnet_activation_bytes(0, width=4, depth=1, size=4), "batch must be"),
     ],
 )
 def test_bad_arguments_raise_value_error(call, match: str) -> None:
