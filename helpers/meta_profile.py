@@ -1,0 +1,669 @@
+"""A training step's memory profiled on PyTorch's meta device (lesson 09).
+
+The tracker in `helpers.memory` follows tensor storages, not allocator counters, so
+it runs unchanged on the meta device, where tensors have shapes, dtypes and sizes
+but no memory and no compute. A `Profiler` builds any model there and measures one
+accumulation update (K micro-steps, then the optimizer step) in a fraction of a
+second, even for billions of parameters:
+
+- the floor (parameters + gradients + optimizer state);
+- the live bytes at the end of the forward pass, and the peak of the backward pass
+  and of the optimizer step, each with its breakdown by category;
+- bytes per example, from two micro-batch sizes (`Profiler.memory_profile`, which
+  returns lesson 06's `helpers.planner.MemoryProfile`).
+
+Two things differ between the meta device and the device you will train on, and the
+profile models both for a `target` ("cpu" or "cuda"):
+
+- **Attention kernel.** `F.scaled_dot_product_attention` asks `aten._fused_sdp_choice`
+  which kernel to run; on meta the answer is the math path, which keeps the whole
+  attention matrix for backward. `_TargetKernels` answers as the target would:
+  for "cpu" it asks the real CPU with tiny tensors of the same dtype, mask and dropout
+  (flash attention without dropout, the math path with it); for "cuda" it assumes
+  PyTorch's CUDA order: flash attention for fp16/bf16 without a mask, else the
+  memory-efficient kernel. Both fused kernels keep the output and a log-sum-exp
+  per row (the meta device runs the CPU flash kernel's shapes for them), never S x S.
+- **Optimizer implementation.** "cpu" uses the per-parameter loop (CPU's default),
+  "cuda" the `foreach` implementation (CUDA's default), whose temporaries cover all
+  parameters at once.
+
+Mixed precision: `torch.autocast` does not act on meta tensors. `precision="bf16"`
+applies autocast's per-op dtype rule instead (`_AutocastRule`): matmuls, linear
+layers, convolutions and attention run in bf16 on cast copies (weights cast once per
+forward, as autocast's cache does), losses (and, for "cuda", normalisations, softmax
+and pointwise transcendental ops) in fp32, everything else in its inputs' dtype.
+Parameters, gradients and Adam state stay fp32, as under autocast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.graph import _engine_run_backward
+from torch.overrides import TorchFunctionMode
+from torch.utils.checkpoint import checkpoint
+
+from helpers.checks import ArgTypeError, callable_arg, choice, positive_int
+from helpers.memory import MemoryTracker
+from helpers.planner import MemoryProfile, fit_profile
+from helpers.training import lm_loss
+
+__all__ = [
+    "CHECKPOINTS",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "TARGETS",
+    "BatchSpec",
+    "Profiler",
+    "StepProfile",
+    "blocks_of",
+    "checkpointed_blocks",
+    "make_optimizer",
+]
+
+TARGETS = ("cpu", "cuda")
+PRECISIONS = ("fp32", "bf16")
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
+CHECKPOINTS = ("none", "blocks")
+BlockWrapper = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+
+
+# ---------------------------------------------------------------------------
+# The batch
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """What one example looks like: token ids for a language model, or a tensor for a classifier.
+
+    Use `BatchSpec.lm(seq_len, vocab_size)` (inputs (b, seq_len) token ids, targets the
+    same shape, loss `helpers.training.lm_loss`) or `BatchSpec.classifier(input_shape,
+    num_classes)` (inputs (b, *input_shape) floats, targets (b,) class ids, cross-entropy).
+    """
+
+    kind: str
+    seq_len: int = 0
+    vocab_size: int = 0
+    input_shape: tuple[int, ...] = ()
+    num_classes: int = 0
+
+    @classmethod
+    def lm(cls, seq_len: int, vocab_size: int) -> BatchSpec:
+        """A language-model batch: `seq_len` token ids in, logits over `vocab_size` out."""
+        return cls(
+            "lm", seq_len=positive_int("seq_len", seq_len), vocab_size=positive_int("vocab_size", vocab_size)
+        )
+
+    @classmethod
+    def classifier(cls, input_shape: tuple[int, ...], num_classes: int) -> BatchSpec:
+        """A classifier batch: inputs of `input_shape` (without the batch dim), `num_classes` logits out."""
+        if not isinstance(input_shape, tuple | list) or not input_shape:
+            raise ArgTypeError(f"input_shape must be a non-empty tuple of ints, got {input_shape!r}")
+        shape = tuple(positive_int("input_shape[i]", d) for d in input_shape)
+        return cls("classifier", input_shape=shape, num_classes=positive_int("num_classes", num_classes))
+
+    def batch(self, b: int, device: torch.device | str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) for a micro-batch of `b` examples on `device` (a local generator)."""
+        b = positive_int("b", b)
+        gen = torch.Generator().manual_seed(seed)
+        if self.kind == "lm":
+            ids = torch.randint(self.vocab_size, (b, self.seq_len + 1), generator=gen)
+            return ids[:, :-1].contiguous().to(device), ids[:, 1:].contiguous().to(device)
+        x = torch.randn((b, *self.input_shape), generator=gen)
+        return x.to(device), torch.randint(self.num_classes, (b,), generator=gen).to(device)
+
+    def loss(self, outputs: object, targets: torch.Tensor) -> torch.Tensor:
+        """The loss of `outputs` (a tensor, a tuple whose first item is one, or an object with `.logits`)."""
+        logits = getattr(outputs, "logits", outputs)
+        if isinstance(logits, tuple | list):
+            logits = logits[0]
+        if self.kind == "lm":
+            return lm_loss(logits, targets)
+        return F.cross_entropy(logits, targets)
+
+    def describe(self) -> str:
+        """E.g. 'sequences of 1024 tokens (vocabulary 50257)'."""
+        if self.kind == "lm":
+            return f"sequences of {self.seq_len} tokens (vocabulary {self.vocab_size})"
+        return f"inputs of shape {self.input_shape}, {self.num_classes} classes"
+
+
+# ---------------------------------------------------------------------------
+# Optimizers and checkpointing
+# ---------------------------------------------------------------------------
+
+
+def make_optimizer(name: str, model: nn.Module, *, foreach: bool = False) -> torch.optim.Optimizer:
+    """An optimizer by name (`OPTIMIZERS`); `foreach=True` is CUDA's default implementation."""
+    choice("optimizer", name, OPTIMIZERS)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-3, foreach=foreach)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, foreach=foreach)
+    return torch.optim.SGD(params, lr=1e-3, momentum=0.9 if name == "sgd-momentum" else 0.0, foreach=foreach)
+
+
+def _checkpoint_block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return checkpoint(block, x, use_reentrant=False)
+
+
+def blocks_of(model: nn.Module) -> nn.ModuleList:
+    """The model's repeated blocks: its `nn.ModuleList` with the most parameters."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m)]
+    if not lists:
+        raise ValueError(
+            f"{type(model).__name__} has no nn.ModuleList of blocks to checkpoint; pass "
+            "checkpoint='none' or a model with a block_wrapper attribute"
+        )
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+
+
+@contextlib.contextmanager
+def checkpointed_blocks(model: nn.Module, checkpoint_: str | BlockWrapper) -> Iterator[None]:
+    """Checkpoint the model's blocks while inside: 'blocks', or a `block_wrapper(block, x)` of your own.
+
+    A model with a `block_wrapper` attribute (the project's models) gets it set; any
+    other model has each block of `blocks_of(model)` called through the wrapper
+    (extra arguments are passed on to the block). 'none' changes nothing.
+    """
+    if checkpoint_ == "none":
+        yield
+        return
+    wrapper = (
+        _checkpoint_block
+        if checkpoint_ == "blocks"
+        else callable_arg("checkpoint", checkpoint_, "'none', 'blocks' or a block_wrapper(block, x) callable")
+    )
+    if isinstance(checkpoint_, str) and checkpoint_ not in CHECKPOINTS:
+        choice("checkpoint", checkpoint_, CHECKPOINTS)
+    if hasattr(model, "block_wrapper"):
+        previous, model.block_wrapper = model.block_wrapper, wrapper
+        try:
+            yield
+        finally:
+            model.block_wrapper = previous
+        return
+    blocks = list(blocks_of(model))
+    for block in blocks:
+        forward = block.forward
+
+        def wrapped(x: torch.Tensor, *args: object, _fwd: Callable = forward, **kwargs: object) -> object:
+            return wrapper(lambda y: _fwd(y, *args, **kwargs), x)
+
+        block.forward = wrapped
+    try:
+        yield
+    finally:
+        for block in blocks:
+            del block.forward
+
+
+# ---------------------------------------------------------------------------
+# The target device: attention kernel and autocast's dtype rule
+# ---------------------------------------------------------------------------
+
+_MATH, _FLASH, _EFFICIENT = 0, 1, 2  # torch.nn.attention.SDPBackend values
+KERNEL_NAMES = {_MATH: "math", _FLASH: "flash", _EFFICIENT: "memory-efficient"}
+
+
+@functools.lru_cache(maxsize=256)
+def _cpu_kernel(
+    dtype: torch.dtype, head_dim: int, mask: torch.dtype | None, dropout: bool, causal: bool, gqa: bool
+) -> int:
+    """Which SDPA kernel the real CPU picks for these settings (asked with tiny tensors)."""
+    q = torch.zeros(1, 2, 4, head_dim, dtype=dtype)
+    kv = torch.zeros(1, 1 if gqa else 2, 4, head_dim, dtype=dtype)
+    m = None if mask is None else torch.zeros(4, 4, dtype=mask)
+    kwargs = {"enable_gqa": True} if gqa else {}
+    return int(
+        torch._fused_sdp_choice(
+            q,
+            kv,
+            kv,
+            attn_mask=m,
+            dropout_p=0.1 if dropout else 0.0,
+            is_causal=causal and m is None,
+            **kwargs,
+        )
+    )
+
+
+def cuda_kernel(dtype: torch.dtype, head_dim: int, has_mask: bool) -> int:
+    """The SDPA kernel a CUDA target is assumed to run (PyTorch's CUDA preference order).
+
+    Flash attention for fp16/bf16 inputs without an explicit mask and head_dim <= 256;
+    otherwise the memory-efficient kernel (fp32 too) when head_dim is a multiple of 4
+    (8 in half precision); otherwise the math path.
+    """
+    half = dtype in (torch.float16, torch.bfloat16)
+    if half and not has_mask and head_dim <= 256 and head_dim % 8 == 0:
+        return _FLASH
+    if head_dim % (8 if half else 4) == 0:
+        return _EFFICIENT
+    return _MATH
+
+
+class _TargetKernels:
+    """Route `F.scaled_dot_product_attention` on meta tensors to the target's kernel.
+
+    SDPA picks its kernel in C++ from the tensors' device; for meta tensors that is the
+    math path. While active, `torch.nn.functional.scaled_dot_product_attention` (which
+    `nn.MultiheadAttention` and most model code call through the module attribute) is
+    replaced by a function that runs, on meta, the kernel the target would choose,
+    and remembers which kernels ran. Real tensors go to the original function.
+    """
+
+    def __init__(self, target: str, rule: _AutocastRule | None = None) -> None:
+        self.target = target
+        self.rule = rule
+        self.kernels: set[str] = set()
+        self._original: Callable[..., torch.Tensor] | None = None
+
+    def __enter__(self) -> _TargetKernels:
+        self._original = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = self._sdpa
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        F.scaled_dot_product_attention = self._original
+
+    def _sdpa(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        original = self._original
+        kwargs = {"enable_gqa": True} if enable_gqa else {}
+        if query.device.type != "meta":
+            return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **kwargs)
+        if self.rule is not None:  # autocast runs attention in lower precision
+            query, key, value = (
+                self.rule._cast(t, self.rule.dtype, (torch.float32,)) for t in (query, key, value)
+            )
+        gqa = enable_gqa and key.shape[-3] != query.shape[-3]
+        mask_dtype = None if attn_mask is None else attn_mask.dtype
+        if self.target == "cpu":
+            kernel = _cpu_kernel(
+                query.dtype, query.shape[-1], mask_dtype, dropout_p > 0, bool(is_causal), gqa
+            )
+        else:
+            kernel = _MATH if gqa else cuda_kernel(query.dtype, query.shape[-1], attn_mask is not None)
+        self.kernels.add(KERNEL_NAMES[kernel])
+        if kernel == _MATH:
+            return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **kwargs)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:  # as SDPA converts it
+            attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+                attn_mask.logical_not(), float("-inf")
+            )
+        if kernel == _EFFICIENT:
+            return torch.ops.aten._scaled_dot_product_efficient_attention(
+                query, key, value, attn_mask, query.requires_grad, dropout_p, bool(is_causal), scale=scale
+            )[0]
+        if self.target == "cuda":
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, bool(is_causal), scale=scale
+            )[0]
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, dropout_p, bool(is_causal), attn_mask=attn_mask, scale=scale
+        )[0]
+
+
+_LOWER = frozenset(
+    {
+        "linear",
+        "matmul",
+        "__matmul__",
+        "__rmatmul__",
+        "mm",
+        "bmm",
+        "addmm",
+        "baddbmm",
+        "addbmm",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "scaled_dot_product_attention",
+        "multi_head_attention_forward",
+        "prelu",
+    }
+)
+_FP32_LOSSES = frozenset(
+    {
+        "cross_entropy",
+        "nll_loss",
+        "mse_loss",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "kl_div",
+        "binary_cross_entropy",
+        "binary_cross_entropy_with_logits",
+        "poisson_nll_loss",
+        "soft_margin_loss",
+        "margin_ranking_loss",
+        "multi_margin_loss",
+        "multilabel_margin_loss",
+        "hinge_embedding_loss",
+        "cosine_embedding_loss",
+        "triplet_margin_loss",
+    }
+)
+_FP32_CUDA = _FP32_LOSSES | frozenset(
+    {
+        "layer_norm",
+        "group_norm",
+        "softmax",
+        "log_softmax",
+        "exp",
+        "log",
+        "rsqrt",
+        "pow",
+        "reciprocal",
+        "norm",
+        "logsumexp",
+        "softplus",
+        "cosine_similarity",
+        "cumsum",
+        "prod",
+    }
+)
+
+
+class _AutocastRule(TorchFunctionMode):
+    """autocast's per-op dtype rule at the level of torch functions (for meta tensors)."""
+
+    def __init__(self, target: str, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.fp32 = _FP32_CUDA if target == "cuda" else _FP32_LOSSES
+        self.caching = False
+        self.cache: dict[int, torch.Tensor] = {}
+
+    def _cast(self, value: object, to: torch.dtype, src: tuple[torch.dtype, ...]) -> object:
+        if isinstance(value, torch.Tensor) and value.dtype in src and value.is_floating_point():
+            cacheable = self.caching and value.is_leaf and value.requires_grad
+            if cacheable and id(value) in self.cache:
+                return self.cache[id(value)]
+            out = value.to(to)
+            if cacheable:
+                self.cache[id(value)] = out
+            return out
+        if isinstance(value, tuple | list):
+            return type(value)(self._cast(v, to, src) for v in value)
+        return value
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if func is torch.Tensor.backward and len(args) == 1 and not any(kwargs.values()):
+            # Tensor.backward would run with this mode switched off; a checkpoint's recomputation
+            # must see the same dtype rule as its forward pass, so run the engine with it on.
+            loss = args[0]
+            with self:
+                _engine_run_backward(
+                    (loss,),
+                    (torch.ones_like(loss),),
+                    False,
+                    False,
+                    (),
+                    allow_unreachable=True,
+                    accumulate_grad=True,
+                )
+            return None
+        if name in _LOWER:
+            to, src = self.dtype, (torch.float32,)
+        elif name in self.fp32:
+            to, src = torch.float32, (torch.float16, torch.bfloat16)
+        else:
+            return func(*args, **kwargs)
+        return func(*self._cast(args, to, src), **{k: self._cast(v, to, src) for k, v in kwargs.items()})
+
+    @contextlib.contextmanager
+    def forward(self) -> Iterator[None]:
+        """A forward pass: casts of weights are made once and kept until it ends (autocast's cache)."""
+        self.caching = True
+        try:
+            yield
+        finally:
+            self.caching = False
+            self.cache.clear()
+
+
+# ---------------------------------------------------------------------------
+# One profiled update
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """One accumulation update's memory, by phase; reads like lesson 06's `PhaseMemory`.
+
+    `forward_end_*` is what is alive when the last micro-step's loss exists (before its
+    backward); `backward_*` the peak of the backward passes (recomputation included);
+    `optimizer_*` the peak inside `optimizer.step()`. `forward_peak_*` is the peak of
+    everything before the step (forward and backward), as `fit_profile` expects.
+    """
+
+    micro_batch: int
+    accumulation_steps: int
+    peak_bytes: int
+    breakdown: dict[str, int]
+    forward_end_bytes: int
+    forward_end_breakdown: dict[str, int]
+    backward_peak_bytes: int
+    backward_breakdown: dict[str, int]
+    optimizer_peak_bytes: int
+    optimizer_breakdown: dict[str, int]
+    forward_peak_bytes: int
+    forward_breakdown: dict[str, int]
+    device: str
+    method: str
+    target: str
+    precision: str
+    kernels: tuple[str, ...] = ()
+
+    @property
+    def floor_bytes(self) -> int:
+        """Parameters + gradients + optimizer state at the peak."""
+        b = self.breakdown
+        return b["parameters"] + b["gradients"] + b["optimizer_state"]
+
+    @property
+    def binding_phase(self) -> str:
+        """'forward' when forward/backward set the peak, else 'optimizer'."""
+        return "forward" if self.forward_peak_bytes >= self.optimizer_peak_bytes else "optimizer"
+
+    @property
+    def phases(self) -> dict[str, dict[str, int]]:
+        """The three phase breakdowns by name."""
+        return {
+            "end of forward": self.forward_end_breakdown,
+            "backward peak": self.backward_breakdown,
+            "optimizer step peak": self.optimizer_breakdown,
+        }
+
+
+def _peak(timeline: object, indices: list[int]) -> dict[str, int]:
+    total = timeline.total
+    if not indices:
+        return dict.fromkeys(timeline.series, 0)
+    return timeline.at(max(indices, key=total.__getitem__))
+
+
+@dataclass
+class Profiler:
+    """Build a model once (on meta, or a real device) and profile its training updates.
+
+    `build` is a zero-argument callable returning an `nn.Module` built on the current
+    default device (it is called under `torch.device(device)`), or an existing module.
+    `optimizer` is a name in `OPTIMIZERS`; `target` ("cpu"/"cuda") sets the attention
+    kernel and the optimizer implementation modelled on meta; `precision` is "fp32" or
+    "bf16" (autocast). On a real device, "bf16" runs `torch.autocast` itself.
+    `route_attention=False` leaves attention on the meta device's own (math) path, to
+    show what the routing corrects.
+    """
+
+    build: Callable[[], nn.Module] | nn.Module
+    spec: BatchSpec
+    optimizer_name: str = "adam"
+    device: str = "meta"
+    target: str = "cpu"
+    precision: str = "fp32"
+    seed: int = 0
+    route_attention: bool = True
+    model: nn.Module = field(init=False)
+    optimizer: torch.optim.Optimizer = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.spec, BatchSpec):
+            raise ArgTypeError(f"spec must be a BatchSpec, got {type(self.spec).__name__}")
+        choice("optimizer", self.optimizer_name, OPTIMIZERS)
+        choice("target", self.target, TARGETS)
+        choice("precision", self.precision, PRECISIONS)
+        self.device = str(torch.device(self.device))
+        if isinstance(self.build, nn.Module):
+            model = self.build
+        else:
+            callable_arg("build", self.build, "a zero-argument callable returning an nn.Module")
+            with torch.random.fork_rng(devices=[]), torch.device(self.device):
+                torch.manual_seed(self.seed)
+                model = self.build()
+            if not isinstance(model, nn.Module):
+                raise ArgTypeError(f"build() must return an nn.Module, got {type(model).__name__}")
+        self.model = model.train()
+        foreach = self.target == "cuda" and self.meta
+        self.optimizer = make_optimizer(self.optimizer_name, self.model, foreach=foreach)
+        self._warm = False
+        self._cache: dict[tuple[int, str, int], StepProfile] = {}
+
+    @property
+    def meta(self) -> bool:
+        """True when profiling on the meta device (no memory, no compute)."""
+        return self.device == "meta"
+
+    @property
+    def n_params(self) -> int:
+        """Number of parameters (shared ones once)."""
+        return sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
+
+    def _init_state(self) -> None:
+        """Create the optimizer state (steady training) with one step on zero gradients."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        with torch.no_grad():
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._warm = True
+
+    def _update(
+        self,
+        batches: list[tuple[torch.Tensor, torch.Tensor]],
+        wrapper: str | BlockWrapper,
+        tracker: MemoryTracker | None,
+        rule: _AutocastRule | None,
+    ) -> None:
+        real_bf16 = self.precision == "bf16" and not self.meta
+        autocast = (
+            torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16)
+            if real_bf16
+            else contextlib.nullcontext()
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        with checkpointed_blocks(self.model, wrapper):
+            for i, (x, y) in enumerate(batches):
+                with autocast, rule.forward() if rule is not None else contextlib.nullcontext():
+                    loss = self.spec.loss(self.model(x), y) / len(batches)
+                if tracker is not None and i == len(batches) - 1:
+                    tracker.mark("end of forward")
+                loss.backward()
+                del loss
+        self.optimizer.step()
+
+    def step(
+        self, micro_batch: int, *, checkpoint: str | BlockWrapper = "none", accumulation_steps: int = 2
+    ) -> StepProfile:
+        """Profile one update of `accumulation_steps` micro-batches of `micro_batch` examples.
+
+        With 2 or more steps the gradients of earlier micro-steps are alive in later
+        forward passes (any accumulation update); the peak is the same for any K >= 2.
+        The first call runs one untracked update so that the optimizer state exists.
+        """
+        b = positive_int("micro_batch", micro_batch)
+        k = positive_int("accumulation_steps", accumulation_steps)
+        key = (b, checkpoint, min(k, 2)) if isinstance(checkpoint, str) and self.meta else None
+        if key in self._cache:  # a meta profile is deterministic: the same update gives the same answer
+            return self._cache[key]
+        if not (callable(checkpoint) or checkpoint in CHECKPOINTS):
+            choice("checkpoint", checkpoint, CHECKPOINTS)
+        rule = _AutocastRule(self.target) if self.meta and self.precision == "bf16" else None
+        kernels = _TargetKernels(self.target, rule) if self.meta and self.route_attention else None
+        modes = contextlib.ExitStack()
+        with modes:
+            if rule is not None:
+                modes.enter_context(rule)
+            if kernels is not None:
+                modes.enter_context(kernels)
+            if not self._warm:
+                self._init_state()
+            batches = [self.spec.batch(b, self.device, self.seed + i) for i in range(k)]
+            tracker = MemoryTracker(model=self.model, optimizer=self.optimizer)
+            try:
+                with tracker:
+                    self._update(batches, checkpoint, tracker, rule)
+            finally:
+                self.optimizer.zero_grad(set_to_none=True)
+        timeline = tracker.timeline()
+        phases = timeline.phases
+        end = timeline.at(tracker.marks[-1][0])
+        bwd = _peak(timeline, [i for i, p in enumerate(phases) if p in ("backward", "recompute")])
+        opt = _peak(timeline, [i for i, p in enumerate(phases) if p == "optimizer"])
+        fwd = _peak(timeline, [i for i, p in enumerate(phases) if p != "optimizer"])
+        top = fwd if sum(fwd.values()) >= sum(opt.values()) else opt
+        method = f"meta-tracker (target {self.target})" if self.meta else "cpu-tracker"
+        result = StepProfile(
+            b,
+            k,
+            sum(top.values()),
+            dict(top),
+            sum(end.values()),
+            end,
+            sum(bwd.values()),
+            bwd,
+            sum(opt.values()),
+            opt,
+            sum(fwd.values()),
+            fwd,
+            self.device,
+            method,
+            self.target,
+            self.precision,
+            tuple(sorted(kernels.kernels)) if kernels is not None else (),
+        )
+        if key is not None:
+            self._cache[key] = result
+        return result
+
+    def memory_profile(
+        self, checkpoint: str | BlockWrapper = "none", micro_batches: tuple[int, ...] = (1, 2)
+    ) -> MemoryProfile:
+        """Lesson 06's `MemoryProfile` (floor, bytes per example, optimizer peak) from a few updates."""
+        label = checkpoint if isinstance(checkpoint, str) else "custom wrapper"
+        return fit_profile(lambda b: self.step(b, checkpoint=checkpoint), micro_batches, label=label)
