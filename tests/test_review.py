@@ -106,3 +106,21 @@ def test_quiz_answers() -> None:
 def test_quiz_widget_builds() -> None:
     box = review.quiz_widget()
     assert len(box.children) == len(review.QUIZ)
+
+
+def _headings(notebook: Path) -> list[str]:
+    import json
+
+    cells = json.loads(notebook.read_text())["cells"]
+    return [line for c in cells if c["cell_type"] == "markdown"
+            for line in "".join(c["source"]).splitlines() if line.startswith("## ")]
+
+
+def test_each_claim_cites_a_section_that_exists() -> None:
+    import re
+
+    for c in review.CLAIMS:
+        number, section = c.lesson.split(" §")
+        (notebook,) = (ROOT / "notebooks").glob(f"{number}_*.ipynb")
+        pattern = re.compile(rf"^## {section}\s*[.·]")
+        assert any(pattern.match(h) for h in _headings(notebook)), (c.id, c.lesson, notebook.name)
