@@ -1,14 +1,22 @@
 """Device, seed and scale: the few lines every lesson starts with.
 
 `pick_device()` chooses CUDA when it is there (`LESSONS_DEVICE=cpu|cuda`
-overrides), `lesson_scale()` picks how big the experiments are (`small` on CPU,
-`full` on CUDA, `LESSONS_SCALE=tiny|small|full` overrides), and
+overrides), `lesson_scale()` picks how big the experiments are, and
 `seed_everything()` makes runs repeatable. `setup_lesson()` does all three and
-prints one environment line, so that notebooks never copy a device/seed cell.
+prints the environment, so that notebooks never copy a device/seed cell.
+
+Scales: `tiny` (quick tests), `small` (the CPU default), and on CUDA one picked
+from the GPU's total memory in decimal GB: under 12 GB `small`, 12 to under
+40 GB `medium` (T4, L4, 24 GB cards), 40 GB and more `full`.
+`LESSONS_GPU_MEMORY_GB=N` makes a big GPU stand in for a small one: the scale
+is picked from N, and `setup_lesson` caps the process at N GB with
+`torch.cuda.set_per_process_memory_fraction`. `LESSONS_SCALE` overrides the
+pick on any device.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import random
@@ -21,6 +29,9 @@ import torch
 
 DEVICES = ("cpu", "cuda")
 SCALES = ("tiny", "small", "medium", "full")
+GB = 10**9  # GPU memory classes are in decimal GB, as vendors quote them (a "40 GB" A100 has 42.4e9 bytes)
+# (smallest memory of the class in GB, scale), largest first; a GPU takes the first class it reaches.
+GPU_SCALE_CLASSES = ((40.0, "full"), (12.0, "medium"), (0.0, "small"))
 
 
 def pick_device() -> torch.device:
@@ -45,19 +56,95 @@ def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def lesson_scale(device: torch.device | None = None) -> str:
-    """Return the experiment size: 'tiny', 'small' (CPU default) or 'full' (CUDA default).
+def gpu_memory_cap_gb() -> float | None:
+    """The GB given in `LESSONS_GPU_MEMORY_GB`, or None when it is unset or empty.
 
-    `LESSONS_SCALE` overrides the default; an unknown value raises `ValueError`
-    listing the choices.
+    Raises `ValueError` for a value that is not a positive, finite number.
+    """
+    raw = os.environ.get("LESSONS_GPU_MEMORY_GB", "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"LESSONS_GPU_MEMORY_GB={raw!r} is not a memory size; "
+            "give a positive number of GB, e.g. 16 or 22.5"
+        )
+    return value
+
+
+def gpu_total_gb(device: torch.device) -> float:
+    """Total memory of the CUDA `device` in decimal GB."""
+    if device.type != "cuda":
+        raise ValueError(f"device={device} is not a CUDA device")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_properties(index).total_memory / GB
+
+
+def scale_for_gpu_memory(gb: float) -> str:
+    """The scale for a GPU with `gb` decimal GB: 'small' < 12, 'medium' < 40, else 'full'."""
+    if isinstance(gb, bool) or not isinstance(gb, int | float) or not math.isfinite(gb) or gb <= 0:
+        raise ValueError(f"gb={gb!r} is not a memory size; give a positive number of GB")
+    return next(scale for floor, scale in GPU_SCALE_CLASSES if gb >= floor)
+
+
+def _checked_cap(device: torch.device) -> float | None:
+    """The cap in GB on CUDA (validated against the GPU's memory); None when unset or on CPU."""
+    cap = gpu_memory_cap_gb()
+    if cap is None or device.type != "cuda":
+        return None
+    total = gpu_total_gb(device)
+    if cap > total:
+        raise ValueError(
+            f"LESSONS_GPU_MEMORY_GB={cap:g} is more than this GPU has ({total:.1f} GB); "
+            "give at most that, or unset it"
+        )
+    return cap
+
+
+def pick_scale(device: torch.device | None = None) -> tuple[str, str]:
+    """Return (scale, why): the experiment size and the reason it was picked.
+
+    `LESSONS_SCALE` wins; else on CPU 'small'; else on CUDA the class of the
+    GPU's memory, or of `LESSONS_GPU_MEMORY_GB` when that is set.
     """
     wanted = os.environ.get("LESSONS_SCALE", "").strip().lower()
     if wanted:
         if wanted not in SCALES:
             raise ValueError(f"LESSONS_SCALE={wanted!r} is not a scale; choose one of {SCALES}")
-        return wanted
+        return wanted, f"LESSONS_SCALE={wanted}"
     device = device if device is not None else pick_device()
-    return "full" if device.type == "cuda" else "small"
+    if device.type != "cuda":
+        ignored = " (LESSONS_GPU_MEMORY_GB applies to CUDA only)" if gpu_memory_cap_gb() else ""
+        return "small", f"the CPU default{ignored}"
+    cap = _checked_cap(device)
+    gb, source = (cap, "LESSONS_GPU_MEMORY_GB") if cap is not None else (gpu_total_gb(device), "GPU memory")
+    scale = scale_for_gpu_memory(gb)
+    rule = {"small": "under 12 GB", "medium": "12 to under 40 GB", "full": "40 GB and more"}[scale]
+    return scale, f"{source} {gb:.1f} GB is in the {rule} class"
+
+
+def lesson_scale(device: torch.device | None = None) -> str:
+    """Return the experiment size, one of `SCALES` (see `pick_scale` for how it is chosen).
+
+    An unknown `LESSONS_SCALE` or a bad `LESSONS_GPU_MEMORY_GB` raises `ValueError`.
+    """
+    return pick_scale(device)[0]
+
+
+def apply_memory_cap(device: torch.device) -> float | None:
+    """Cap this process's CUDA allocations at `LESSONS_GPU_MEMORY_GB` GB; return the cap or None.
+
+    Does nothing (returns None) on CPU or when the variable is unset.
+    """
+    cap = _checked_cap(device)
+    if cap is None:
+        return None
+    torch.cuda.set_per_process_memory_fraction(cap / gpu_total_gb(device), device)
+    return cap
 
 
 def by_scale(scale: str, *, tiny: object, small: object, full: object, medium: object = None) -> object:
@@ -83,9 +170,16 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
+# How a memory figure was measured: every report names one of these.
+CUDA_ALLOCATOR = "cuda-allocator"  # PyTorch's caching allocator (max_memory_allocated)
+CPU_TRACKER = "cpu-tracker"  # helpers.tracker.MemoryTracker, the measurement on a CPU
+TENSOR_TRACKER = "tensor-tracker"  # the same tracker, on any device (timelines, categories)
+METHODS = (CUDA_ALLOCATOR, CPU_TRACKER, TENSOR_TRACKER)
+
+
 def memory_method(device: torch.device) -> str:
     """Name of the method that produces memory figures on `device`."""
-    return "cuda-allocator" if device.type == "cuda" else "cpu-tracker"
+    return CUDA_ALLOCATOR if device.type == "cuda" else CPU_TRACKER
 
 
 def synchronize(device: torch.device) -> None:
@@ -123,6 +217,8 @@ class Lesson:
     device: torch.device
     scale: str
     method: str
+    why: str = ""
+    memory_cap_gb: float | None = None
 
     def describe(self) -> str:
         """One line: torch version, device, scale and memory method."""
@@ -136,7 +232,10 @@ class Lesson:
 
 
 def setup_lesson(seed: int = 0, *, tf32: bool | None = None) -> Lesson:
-    """Pick the device and scale, seed everything, and print the environment line.
+    """Pick the device and scale, seed everything, apply the plot style, and print the environment.
+
+    Prints the environment line, the memory cap when `LESSONS_GPU_MEMORY_GB` sets
+    one (applied here, on CUDA), and why the scale was picked.
 
     `tf32=False` keeps CUDA matmuls and convolutions in true float32, for lessons that
     compare gradients to 1e-6 (TF32 rounds differently for different batch shapes);
@@ -146,9 +245,14 @@ def setup_lesson(seed: int = 0, *, tf32: bool | None = None) -> Lesson:
     the notebook becomes an error, so that no warning leaks into a lesson.
     """
     device = pick_device()
-    lesson = Lesson(device=device, scale=lesson_scale(device), method=memory_method(device))
+    scale, why = pick_scale(device)
+    cap = apply_memory_cap(device)
+    lesson = Lesson(device=device, scale=scale, method=memory_method(device), why=why, memory_cap_gb=cap)
     seed_everything(seed)
     torch.set_default_dtype(torch.float32)
+    from helpers import plots  # here, not at the top: importing device must not pull in matplotlib
+
+    plots.use_style()
     if tf32 is not None:
         torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -157,4 +261,7 @@ def setup_lesson(seed: int = 0, *, tf32: bool | None = None) -> Lesson:
         # Jupyter's own machinery may warn on import; those are not lesson warnings.
         warnings.filterwarnings("default", module="(jupyter|ipykernel|zmq|traitlets|comm)")
     print(lesson.describe())
+    if cap is not None:
+        print(f"memory cap {cap:g} GB of {gpu_total_gb(device):.1f} GB (LESSONS_GPU_MEMORY_GB)")
+    print(f"scale {scale}: {why}")
     return lesson

@@ -1,33 +1,116 @@
 #!/usr/bin/env bash
-# On a machine with a CUDA GPU: run the cuda-marked tests, then execute every notebook at
-# full scale, save its figures, and print one summary. Usage (from the repo root):
-#   bash scripts/gpu_check.sh            # uses python3 on PATH (torch with CUDA, jupyter stack)
-#   OUT=/some/dir bash scripts/gpu_check.sh   # where logs, bench JSON and figures go
-# Machines without network can carry the Jupyter stack as wheels in .whl/ (see README).
+# make gpu: on a machine with a CUDA GPU, in about 8 minutes on one large GPU:
+#   (a) the cuda-marked tests, (b) every notebook at the scale the GPU's memory picks (`full` on
+#   40 GB and more), (c) lessons 01 and 03 again with LESSONS_GPU_MEMORY_GB=24 and =16 (a 24 GB
+#   card and a T4), (d) the claim ledger (python -m helpers.review) when it exists; then a summary.
+# Usage, from the repository root:
+#   bash scripts/gpu_check.sh                   # python3 on PATH must have torch with CUDA
+#   OUT=/some/dir bash scripts/gpu_check.sh     # where the results go (default gpu-run/)
+#   LESSONS_DEVICE=cpu LESSONS_SCALE=tiny bash scripts/gpu_check.sh   # dry run on a CPU machine
+# A machine without network carries the Jupyter kernel stack as wheels in .whl/ (make gpu-kit);
+# they are installed with pip --no-index --no-deps --target into a temporary folder.
+# LESSONS_SCALE, when set, applies to every phase. At most 7 files land in $OUT: summary.txt,
+# run.log, bench_full.json, bench_24gb.json, bench_16gb.json, notebooks_<device>.tar.gz (executed
+# notebooks and figures, named with the device), ledger_<device>.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-gpu-run}
+KIT=${KIT_DIR:-.whl}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/lessons-gpu.XXXXXX")
+# Seconds per phase; together with the setup they stay under 8 minutes.
+T_TESTS=${T_TESTS:-60} T_NOTEBOOKS=${T_NOTEBOOKS:-240} T_CAPPED=${T_CAPPED:-50} T_LEDGER=${T_LEDGER:-50}
+CAPPED=(notebooks/01_where_memory_goes.ipynb notebooks/03_gradient_accumulation.ipynb)
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" MPLBACKEND=Agg LESSONS_DEVICE=cuda
-export LESSONS_SCALE=${LESSONS_SCALE:-full} LESSONS_STRICT=1 PYTHONUNBUFFERED=1
-$PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU visible'; print('torch', torch.__version__, torch.cuda.get_device_name())" || exit 1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+rm -f "$OUT"/{summary.txt,run.log,bench_full.json,bench_24gb.json,bench_16gb.json} \
+  "$OUT"/notebooks_*.tar.gz "$OUT"/ledger_*.md
 
-echo "== cuda tests"
-$PY -m pytest -q -p no:cacheprovider -m cuda tests/ 2>&1 | tee "$OUT/cuda_tests.log"
-tests_rc=${PIPESTATUS[0]}
+verdict() {  # verdict RC [TIMEOUT_S]: one word for a phase's exit status
+  case "$1" in
+    0) echo "passed" ;;
+    124) echo "TIMED OUT after ${2:-?} s" ;;
+    skip) echo "skipped" ;;
+    *) echo "FAILED (rc $1)" ;;
+  esac
+}
 
-echo "== notebooks at scale $LESSONS_SCALE"
-$PY scripts/bench.py --cells --images "$OUT/images" --out "$OUT/gpu_bench.json" 2>&1 | tee "$OUT/notebooks.log"
-nb_rc=${PIPESTATUS[0]}
+main() {
+  local start=$SECONDS
+  echo "== setup"
+  if compgen -G "$KIT/*.whl" >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" \
+      "$KIT"/*.whl || { echo "installing the wheel kit from $KIT/ failed"; return 1; }
+    export PYTHONPATH="$WORK/site"
+    echo "installed $(ls "$KIT"/*.whl | wc -l) wheels from $KIT/ into $WORK/site"
+  fi
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" MPLBACKEND=Agg LESSONS_STRICT=1 PYTHONUNBUFFERED=1
+  export LESSONS_DEVICE=${LESSONS_DEVICE:-cuda} JUPYTER_PLATFORM_DIRS=1
+  unset LESSONS_GPU_MEMORY_GB
+  if [ "$LESSONS_DEVICE" = cuda ]; then
+    $PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU visible'" || return 1
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+  else
+    echo "DRY RUN on $LESSONS_DEVICE (LESSONS_DEVICE=$LESSONS_DEVICE): no GPU assertion"
+  fi
+  local dev
+  dev=$($PY -c "import torch, re; n = torch.cuda.get_device_name() if '$LESSONS_DEVICE' == 'cuda' else 'cpu'; \
+print(re.sub(r'[^a-z0-9]+', '-', n.lower().replace('nvidia', '')).strip('-'))")
+  $PY -m helpers.env_check; local env_rc=$?
 
-echo "== summary"
-echo "cuda tests: $([ "$tests_rc" = 0 ] && echo passed || echo "FAILED (rc $tests_rc)")"
-echo "notebooks:  $([ "$nb_rc" = 0 ] && echo all executed || echo "FAILED (rc $nb_rc)")"
-echo "results in $OUT/ (gpu_bench.json, logs, images/)"
-[ "$tests_rc" = 0 ] && [ "$nb_rc" = 0 ]
+  echo "== (a) cuda-marked tests"
+  timeout "$T_TESTS" $PY -m pytest -q -p no:cacheprovider -m cuda tests/; local tests_rc=$?
+  [ "$tests_rc" = 5 ] && tests_rc=skip  # no cuda-marked test collected
+
+  echo "== (b) every notebook at the scale this GPU picks"
+  timeout "$T_NOTEBOOKS" $PY scripts/bench.py --cells --no-widgets --out "$OUT/bench_full.json" \
+    --images "$WORK/nb/full" --executed "$WORK/nb/full"; local nb_rc=$?
+
+  local cap_rc=() gb
+  for gb in 24 16; do
+    echo "== (c) lessons 01 and 03 with LESSONS_GPU_MEMORY_GB=$gb"
+    LESSONS_GPU_MEMORY_GB=$gb timeout "$T_CAPPED" $PY scripts/bench.py --no-widgets \
+      --out "$OUT/bench_${gb}gb.json" --images "$WORK/nb/${gb}gb" --executed "$WORK/nb/${gb}gb" "${CAPPED[@]}"
+    cap_rc+=($?)
+  done
+
+  local ledger_rc=skip
+  if [ -f helpers/review.py ]; then
+    echo "== (d) the claim ledger"
+    timeout "$T_LEDGER" $PY -m helpers.review --no-progress --markdown "$OUT/ledger_${dev}.md"; ledger_rc=$?
+  fi
+
+  if [ -d "$WORK/nb" ]; then  # one archive: executed notebooks and figures, the device in every name
+    find "$WORK/nb" -type f \( -name '*.png' -o -name '*.ipynb' \) | while read -r f; do
+      mv "$f" "${f%.*}_${dev}.${f##*.}"
+    done
+    tar -czf "$OUT/notebooks_${dev}.tar.gz" -C "$WORK/nb" .
+  fi
+
+  {
+    echo "== summary ($dev, $((SECONDS - start)) s)"
+    echo "env check:          $(verdict "$env_rc")"
+    echo "(a) cuda tests:     $(verdict "$tests_rc" "$T_TESTS")"
+    echo "(b) all notebooks:  $(verdict "$nb_rc" "$T_NOTEBOOKS")"
+    echo "(c) 01+03 at 24 GB: $(verdict "${cap_rc[0]}" "$T_CAPPED")"
+    echo "(c) 01+03 at 16 GB: $(verdict "${cap_rc[1]}" "$T_CAPPED")"
+    echo "(d) claim ledger:   $(verdict "$ledger_rc" "$T_LEDGER")"
+    $PY - "$OUT" <<'PYEOF'
+import json, sys
+from pathlib import Path
+for path in sorted(Path(sys.argv[1]).glob("bench_*.json")):
+    data = json.loads(path.read_text())
+    runs = ", ".join(f"{r['notebook'][:2]} {r['seconds']:.0f}s" for r in data.get("results", []))
+    failed = f"; FAILED {', '.join(data['failed'])}" if data.get("failed") else ""
+    print(f"{path.name}: {runs}{failed}")
+PYEOF
+    echo "results in $OUT/: $(cd "$OUT" && ls | tr '\n' ' ')"
+  } | tee "$OUT/summary.txt"
+  for rc in "$env_rc" "$tests_rc" "$nb_rc" "${cap_rc[@]}" "$ledger_rc"; do
+    [ "$rc" = 0 ] || [ "$rc" = skip ] || return 1
+  done
+}
+
+main 2>&1 | tee "$OUT/run.log"
+rc=${PIPESTATUS[0]}
+rm -rf "$WORK"
+exit "$rc"

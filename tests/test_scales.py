@@ -1,0 +1,109 @@
+"""GPU scales fit their class, and a sweep survives a CUDA out-of-memory.
+
+Every lesson helper module that backs a notebook defines `predicted_peak_bytes(scale)`: the
+predicted peak memory of the lesson's largest experiment, from the formulas the lesson itself
+validates. A scale is picked from the GPU's memory class (helpers.device.GPU_SCALE_CLASSES), so
+each lesson's peak at a scale must stay at or below 70% of the smallest memory in that class:
+a T4 (15 GB) at `medium` and a 40 GB A100 at `full` then run every lesson without running out.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from types import ModuleType
+
+import pytest
+import torch
+
+import helpers
+from helpers.device import GB, GPU_SCALE_CLASSES, SCALES
+from helpers.memory import run_or_oom
+
+# How many helpers modules must implement the protocol. The coordinator raises this as lesson
+# modules gain `predicted_peak_bytes` (8 define it today: raise to 8 once they are committed): fewer fails.
+MIN_PROTOCOL_MODULES = 5
+HEADROOM = 0.7  # a lesson may use at most 70% of the smallest GPU in its scale's class
+CLASS_FLOOR_GB = {scale: floor for floor, scale in GPU_SCALE_CLASSES if floor > 0}  # medium: 12, full: 40
+
+
+def _protocol_modules() -> list[ModuleType]:
+    names = sorted(m.name for m in pkgutil.iter_modules(helpers.__path__) if not m.name.startswith("_"))
+    modules = [importlib.import_module(f"helpers.{name}") for name in names]
+    return [m for m in modules if callable(getattr(m, "predicted_peak_bytes", None))]
+
+
+MODULES = _protocol_modules()
+
+
+def test_enough_lessons_predict_their_peak() -> None:
+    names = [m.__name__ for m in MODULES]
+    assert len(MODULES) >= MIN_PROTOCOL_MODULES, (
+        f"only {len(MODULES)} helpers modules define predicted_peak_bytes(scale) ({names}); "
+        f"expected at least {MIN_PROTOCOL_MODULES}"
+    )
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.removeprefix("helpers."))
+def test_predicted_peak_is_a_positive_int_at_every_scale(module: ModuleType) -> None:
+    for scale in SCALES:
+        peak = module.predicted_peak_bytes(scale)
+        assert isinstance(peak, int) and not isinstance(peak, bool) and peak > 0, (scale, peak)
+
+
+@pytest.mark.parametrize("scale", sorted(CLASS_FLOOR_GB))
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.removeprefix("helpers."))
+def test_predicted_peak_fits_the_smallest_gpu_of_the_class(module: ModuleType, scale: str) -> None:
+    budget = HEADROOM * CLASS_FLOOR_GB[scale] * GB
+    peak = module.predicted_peak_bytes(scale)
+    assert peak <= budget, (
+        f"{module.__name__} at scale {scale!r} predicts {peak / GB:.2f} GB, more than "
+        f"{HEADROOM:.0%} of {CLASS_FLOOR_GB[scale]:g} GB ({budget / GB:.1f} GB): shrink its {scale} sizes"
+    )
+
+
+def test_class_floors_are_the_documented_ones() -> None:
+    assert CLASS_FLOOR_GB == {"medium": 12.0, "full": 40.0}
+
+
+# -- run_or_oom: a sweep over sizes goes on past a CUDA out-of-memory -------------------------
+def _sweep(sizes: list[int], step) -> dict[int, object]:  # noqa: ANN001
+    """What a lesson's sweep does: one result per size, None shown as "OOM"."""
+    return {n: run_or_oom(lambda n=n: step(n)) for n in sizes}
+
+
+def test_sweep_survives_an_out_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    freed = {"gc": 0, "empty_cache": 0}
+    monkeypatch.setattr("helpers.memory.gc.collect", lambda *a: freed.__setitem__("gc", freed["gc"] + 1) or 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache",
+                        lambda: freed.__setitem__("empty_cache", freed["empty_cache"] + 1))
+
+    def step(n: int) -> int:
+        if n == 8:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
+        return int(torch.ones(n).sum())
+
+    results = _sweep([1, 2, 8, 16], step)
+    assert results == {1: 1, 2: 2, 8: None, 16: 16}
+    assert freed == {"gc": 1, "empty_cache": 1}
+    rows = [f"{n}: {'OOM' if r is None else r}" for n, r in results.items()]
+    assert rows == ["1: 1", "2: 2", "8: OOM", "16: 16"]
+
+
+def test_run_or_oom_without_cuda_skips_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: pytest.fail("no CUDA: nothing to empty"))
+
+    def oom() -> None:
+        raise torch.cuda.OutOfMemoryError("out of memory")
+
+    assert run_or_oom(oom) is None
+    assert run_or_oom(lambda: "fits") == "fits"
+
+
+def test_run_or_oom_lets_other_errors_through() -> None:
+    with pytest.raises(RuntimeError, match="not memory"):
+        run_or_oom(lambda: (_ for _ in ()).throw(RuntimeError("not memory")))
+    with pytest.raises(ValueError, match="zero-argument callable"):
+        run_or_oom(42)  # type: ignore[arg-type]
