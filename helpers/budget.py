@@ -1,10 +1,10 @@
-"""Lesson 01's instruments: the explainer's memory budget, and the same table measured.
+"""Lesson 01's instruments (lesson 01): the explainer's memory budget, and the same table measured.
 
 - `explainer_table()` is a calculator: from the explainer's inputs (model state,
   overhead, activations per micro-batch) it rebuilds the three rows of its 24 GB table.
-- `explainer_model()` builds the GPT-style model used for measurements at a scale;
-  `lesson_config()` holds its sizes and `lesson_sizes()` the micro-batch sizes the
-  lesson measures.
+- `lesson_sizes()` holds the micro-batch sizes the lesson measures. The model it
+  measures is the core's `helpers.models.explainer_model()` (sizes in
+  `explainer_config()`), with `helpers.training.lm_loss` and `make_optimizer`.
 - `measure_config()` runs one whole accumulation update (K micro-steps, then
   the optimizer step) under `helpers.memory.measure_step`: a measured row of the table.
   `drawn_budget()` turns the measured 8 x 4 peak into the budget line drawn beside it.
@@ -21,26 +21,36 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from helpers.checks import choice, positive_int
+from helpers import plots
+from helpers.checks import (
+    answer_number,
+    callable_arg,
+    choice,
+    instance_arg,
+    int_at_least,
+    non_negative_number,
+    positive_int,
+    positive_number,
+)
 from helpers.data import token_batch
-from helpers.device import SCALES, seed_everything
+from helpers.device import SCALES
 from helpers.memory import StepMemory, measure_step, run_or_oom
-from helpers.models import GPT, BlockWrapper, GPTConfig
+from helpers.models import GPT, BlockWrapper, GPTConfig, device_of, explainer_config, explainer_model
+from helpers.training import OPTIMIZERS, lm_loss, make_optimizer
 
 __all__ = [
+    "BUDGET_LABEL",
     "EXPLAINER_INPUTS",
     "GB",
-    "OPTIMIZERS",
-    "BlockWrapper",
     "BudgetRow",
     "ConfigMemory",
     "LessonSizes",
@@ -53,13 +63,9 @@ __all__ = [
     "check_exercise_2",
     "check_exercise_3",
     "drawn_budget",
-    "explainer_model",
     "explainer_table",
-    "lesson_config",
     "lesson_sizes",
     "linear_fit",
-    "lm_loss",
-    "make_optimizer",
     "measure_config",
     "measure_update",
     "origin_group",
@@ -69,15 +75,11 @@ __all__ = [
     "predicted_peak_bytes",
     "predicted_update_peak_bytes",
     "saved_tensor_bytes",
-    "scaled_budget",
-    "show_breakdown",
     "show_update",
-    "train_step",
     "widget_latency_cases",
 ]
 
 GB = 1e9  # the explainer speaks in decimal gigabytes
-OPTIMIZERS = ("sgd", "adam")
 FP32 = 4  # bytes per float32 element
 
 # The explainer's profile of a 24 GB GPU (decimal GB).
@@ -125,8 +127,10 @@ def budget_row(
     """
     positive_int("micro_batch", micro_batch)
     positive_int("steps", steps)
-    if min(activations_gb, model_state_gb, overhead_gb) < 0 or capacity_gb <= 0:
-        raise ValueError("memory figures must be >= 0 and capacity_gb > 0")
+    for name, value in (("activations_gb", activations_gb), ("model_state_gb", model_state_gb),
+                        ("overhead_gb", overhead_gb)):
+        non_negative_number(name, value)
+    positive_number("capacity_gb", capacity_gb)
     peak = model_state_gb + overhead_gb + activations_gb
     label = label or f"{micro_batch} x {steps}"
     return BudgetRow(label, micro_batch, steps, activations_gb, round(peak, 6), capacity_gb)
@@ -143,16 +147,6 @@ def explainer_table() -> list[BudgetRow]:
     ]
 
 
-def scaled_budget(model_state_bytes: int, capacity_gb: float = 24.0) -> float:
-    """A budget that keeps the explainer's ratio of capacity to model state (24 / 14.5).
-
-    Lesson 01 no longer draws this one: it only matches the explainer when a
-    model's activations are as small next to its model state as the
-    explainer's. See `drawn_budget`.
-    """
-    return model_state_bytes * capacity_gb / EXPLAINER_INPUTS["model_state_gb"]
-
-
 def drawn_budget(tightest_peak_bytes: float) -> float:
     """The budget line lesson 01 draws: the measured 8 x 4 peak x 24 / 23.5.
 
@@ -161,32 +155,12 @@ def drawn_budget(tightest_peak_bytes: float) -> float:
     the measured rows as 24 GB stands to the explainer's rows at their tightest.
     It is a budget, not a measured capacity.
     """
-    if isinstance(tightest_peak_bytes, bool) or not isinstance(tightest_peak_bytes, int | float):
-        raise TypeError(f"tightest_peak_bytes must be a number, got {type(tightest_peak_bytes).__name__}")
-    if tightest_peak_bytes <= 0:
-        raise ValueError(f"tightest_peak_bytes must be > 0, got {tightest_peak_bytes!r}")
+    positive_number("tightest_peak_bytes", tightest_peak_bytes)
     tightest = explainer_table()[0]
     return tightest_peak_bytes * tightest.capacity_gb / tightest.peak_gb
 
 
-# -- the model and its sizes ---------------------------------------------------------------
-_CONFIGS = {
-    "tiny": dict(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2),
-    "small": dict(vocab_size=256, seq_len=64, d_model=64, n_heads=4, n_layers=4),
-    # 63 M parameters; micro-batch 16 peaks at about 6.7 GB (a 12-40 GB GPU, e.g. a T4).
-    "medium": dict(vocab_size=8192, seq_len=512, d_model=768, n_heads=12, n_layers=8),
-    # 161 M parameters; micro-batch 12 peaks at about 23 GB (a GPU with 40 GB or more).
-    "full": dict(vocab_size=8192, seq_len=1024, d_model=1024, n_heads=16, n_layers=12),
-}
-
-
-def lesson_config(scale: str) -> GPTConfig:
-    """GPT sizes for lesson measurements at `scale` (one of `helpers.device.SCALES`)."""
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r} is not a scale; choose one of {SCALES}")
-    return GPTConfig(dropout=0.0, **_CONFIGS[scale])
-
-
+# -- the sizes the lesson measures ------------------------------------------------------------
 @dataclass(frozen=True)
 class LessonSizes:
     """How large lesson 01's experiments get at one scale."""
@@ -206,55 +180,17 @@ _SIZES = {
 
 def lesson_sizes(scale: str) -> LessonSizes:
     """The micro-batch sweep and the widget's slider ranges at `scale`."""
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r} is not a scale; choose one of {SCALES}")
-    return _SIZES[scale]
-
-
-def explainer_model(scale: str, device: torch.device, seed: int = 0) -> GPT:
-    """A freshly initialised GPT for `scale`, on `device`, in train mode."""
-    seed_everything(seed)
-    return GPT(lesson_config(scale)).to(device).train()
-
-
-def make_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
-    """'sgd' (plain, no momentum: no state) or 'adam' (two state tensors per parameter)."""
-    choice("optimizer", name, OPTIMIZERS)
-    if name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=1e-3)
-    return torch.optim.Adam(model.parameters(), lr=1e-3)
-
-
-def lm_loss(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of `model` on a batch."""
-    logits = model(idx)
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-
-
-def train_step(
-    model: GPT, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor]
-) -> Callable[[], None]:
-    """A zero-argument plain training step on `batch`: zero_grad, forward, backward, step."""
-    idx, targets = batch
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        lm_loss(model, idx, targets).backward()
-        optimizer.step()
-
-    return step
+    return _SIZES[choice("scale", scale, SCALES)]
 
 
 def _batch(model: GPT, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = model.cfg
-    device = next(model.parameters()).device
-    return token_batch(n, cfg.seq_len, cfg.vocab_size, seed=seed, device=device)
+    return token_batch(n, cfg.seq_len, cfg.vocab_size, seed=seed, device=device_of(model))
 
 
 # -- formulas the lesson checks against measurement ------------------------------------------
 def _check_formula_config(cfg: GPTConfig) -> None:
-    if not isinstance(cfg, GPTConfig):
-        raise TypeError(f"cfg must be a helpers.models.GPTConfig, got {type(cfg).__name__}")
+    instance_arg("cfg", cfg, GPTConfig, "helpers.models.GPTConfig")
     if cfg.dropout != 0.0 or cfg.fused_attention:
         raise ValueError(
             "the formula covers the lesson's model only: dropout=0.0 and fused_attention=False, "
@@ -324,7 +260,7 @@ def predicted_peak_bytes(scale: str) -> int:
     """
     sizes = lesson_sizes(scale)
     largest = max(*sizes.micro_batches, sizes.max_micro_batch, 8)
-    return predicted_update_peak_bytes(lesson_config(scale), largest, optimizer="adam", steps=2)
+    return predicted_update_peak_bytes(explainer_config(scale), largest, optimizer="adam", steps=2)
 
 
 # -- measured rows -----------------------------------------------------------------------------
@@ -367,9 +303,8 @@ def measure_update(
     """
     positive_int("micro_batch", micro_batch)
     positive_int("steps", steps)
-    if max_micro_steps is not None and positive_int("max_micro_steps", max_micro_steps) < 2:
-        raise ValueError(f"max_micro_steps must be >= 2 (the steady state starts at the second "
-                         f"micro-step), got {max_micro_steps!r}")
+    if max_micro_steps is not None:  # >= 2: the steady state starts at the second micro-step
+        int_at_least("max_micro_steps", max_micro_steps, 2)
     opt = make_optimizer(optimizer, model)
     real_steps = steps if max_micro_steps is None else min(steps, max_micro_steps)
     batches = [_batch(model, micro_batch, seed + i) for i in range(real_steps)]
@@ -378,7 +313,7 @@ def measure_update(
     def update(micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         opt.zero_grad(set_to_none=True)
         for idx, targets in micro_batches:
-            (lm_loss(model, idx, targets) / steps).backward()
+            (lm_loss(model(idx), targets) / steps).backward()
         opt.step()
 
     try:
@@ -412,11 +347,6 @@ def breakdown_for(model: GPT, micro_batch: int, optimizer: str = "adam") -> Step
 BUDGET_LABEL = "24 GB budget, scaled (drawn)"
 
 
-def show_breakdown(model: GPT, micro_batch: int, optimizer: str, budget: float) -> None:
-    """Measure `breakdown_for` and draw it as a stacked bar against `budget` bytes."""
-    show_update(model, micro_batch, 2, optimizer, budget)
-
-
 def show_update(model: GPT, micro_batch: int, steps: int, optimizer: str, budget: float | None) -> None:
     """Lesson 01's widget: the measured peak of one update of `steps` micro-batches, as a bar.
 
@@ -424,8 +354,6 @@ def show_update(model: GPT, micro_batch: int, steps: int, optimizer: str, budget
     drawn as a line; None draws none). Measures with `max_micro_steps=2`: the peak
     of K micro-steps is the peak of the first two (lesson 01 checks this).
     """
-    from helpers import plots
-
     positive_int("micro_batch", micro_batch)
     positive_int("steps", steps)
     mem = run_or_oom(lambda: measure_update(model, micro_batch=micro_batch, steps=steps,
@@ -490,8 +418,6 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> LinearFit:
 def plot_measured_table(rows: Sequence[ConfigMemory], labels: Sequence[str] | None = None,
                         budget: float | None = None, *, budget_label: str = BUDGET_LABEL) -> None:
     """Stacked bars (floor, activations, other) of measured rows, with an optional budget line."""
-    from helpers import plots
-
     if not rows:
         raise ValueError("rows is empty: measure at least one configuration")
     labels = list(labels) if labels is not None else [f"{r.micro_batch} x {r.steps}" for r in rows]
@@ -513,8 +439,6 @@ def plot_measured_table(rows: Sequence[ConfigMemory], labels: Sequence[str] | No
 
 def plot_peak_vs_steps(results: dict[int, StepMemory], micro_batch: int) -> None:
     """Measured peak (bars) and effective batch (line) against the number of accumulation steps."""
-    from helpers import plots
-
     if not results:
         raise ValueError("results is empty: measure at least one step count")
     ks = sorted(results)
@@ -567,10 +491,8 @@ def saved_tensor_bytes(forward: Callable[[], torch.Tensor], model: nn.Module) ->
     autocast's), `native_layer_norm`, `_softmax`, ... Call it inside
     `torch.autocast(...)` to see what autocast keeps.
     """
-    if not callable(forward):
-        raise TypeError(f"forward must be a zero-argument callable, got {type(forward).__name__}")
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    callable_arg("forward", forward, "a zero-argument callable")
+    instance_arg("model", model, nn.Module, "torch.nn.Module")
     saved: dict[int, torch.Tensor] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -613,8 +535,6 @@ def plot_saved_by_origin(tables: dict[str, dict[tuple[str, str], int]]) -> None:
 
     Each bar is labelled with the dtype(s) of what it counts.
     """
-    from helpers import plots
-
     if not tables:
         raise ValueError("tables is empty: give at least one {run label: saved_tensor_bytes(...)}")
     grouped: dict[str, dict[str, dict[str, int]]] = {}  # group -> run -> dtype -> bytes
@@ -648,12 +568,6 @@ def plot_saved_by_origin(tables: dict[str, dict[tuple[str, str], int]]) -> None:
 
 
 # -- exercises -----------------------------------------------------------------------------------
-def _number(answer: object) -> float | None:
-    if isinstance(answer, bool) or not isinstance(answer, int | float):
-        return None
-    return float(answer)
-
-
 def _close(answer: float, truth: float, rel: float) -> bool:
     return abs(answer - truth) <= rel * abs(truth)
 
@@ -665,7 +579,7 @@ def check_exercise_1(floor_bytes: object = None, per_example_bytes: object = Non
     activations of one example. Each must be within 2%. Returns "Correct: ..." or
     a hint; never raises for a wrong answer.
     """
-    cfg = GPTConfig(dropout=0.0, **{**_CONFIGS["small"], "d_model": 128})
+    cfg = dataclasses.replace(explainer_config("small"), d_model=128)
     n_elements, n_tensors = _param_counts(cfg)
     floor = 4 * FP32 * n_elements + FP32 * n_tensors
     per_example = activation_bytes_per_example(cfg)
@@ -677,7 +591,7 @@ def check_exercise_1(floor_bytes: object = None, per_example_bytes: object = Non
         ("per_example_bytes", per_example_bytes, per_example,
          "use the formula of section 3 with h = 128; the s^2 and sV terms do not change with h"),
     ]:
-        value = _number(answer)
+        value = answer_number(answer)
         if answer is None:
             lines.append(f"{name}: no answer yet. Hint: {hint}.")
         elif value is None:
@@ -693,15 +607,15 @@ def check_exercise_1(floor_bytes: object = None, per_example_bytes: object = Non
 def check_exercise_2(state_ratio: object = None) -> str:
     """Exercise 2: SGD with momentum=0.9 keeps how many parameter-sizes of state? (measured here)."""
     with torch.random.fork_rng(devices=[]):  # leaves the notebook's random stream alone
-        model = GPT(GPTConfig(dropout=0.0, **_CONFIGS["tiny"]))
+        model = GPT(explainer_config("tiny"))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     idx, targets = token_batch(2, model.cfg.seq_len, model.cfg.vocab_size)
-    lm_loss(model, idx, targets).backward()
+    lm_loss(model(idx), targets).backward()
     opt.step()
     state = sum(t.untyped_storage().nbytes() for s in opt.state.values() for t in s.values()
                 if isinstance(t, torch.Tensor))
     truth = state / sum(p.untyped_storage().nbytes() for p in model.parameters())
-    value = _number(state_ratio)
+    value = answer_number(state_ratio)
     if state_ratio is None:
         return "No answer yet. Hint: momentum keeps one running buffer per parameter tensor, of its shape."
     if value is None:
@@ -717,7 +631,7 @@ def check_exercise_3(peak_gb: object = None) -> str:
     model_state = EXPLAINER_INPUTS["model_state_gb"]
     quarter = model_state / 4  # fp32 weights, gradients, exp_avg, exp_avg_sq: four equal parts
     truth = explainer_table()[1].peak_gb - quarter  # the two moments shrink from 2 quarters to 1
-    value = _number(peak_gb)
+    value = answer_number(peak_gb)
     if peak_gb is None:
         return ("No answer yet. Hint: assume the 14.5 GB is four equal float32 parts (weights, "
                 "gradients and Adam's two moments). What does bf16 do to two of them?")
@@ -737,8 +651,7 @@ def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable
     Builds the model and the drawn budget as the notebook does (the budget from
     the measured 8 x 4 peak) and moves B, K and the optimizer to their ends.
     """
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r} is not a scale; choose one of {SCALES}")
+    choice("scale", scale, SCALES)
     model = explainer_model(scale, device)
     sizes = lesson_sizes(scale)
     budget = drawn_budget(measure_config(model, micro_batch=8, steps=4, max_micro_steps=2).peak_bytes)

@@ -1,4 +1,4 @@
-"""Instruments for lesson 02 (notebooks/02_activation_checkpointing.ipynb): checkpointing, measured.
+"""Lesson 02's instruments (lesson 02, notebooks/02_activation_checkpointing.ipynb): checkpointing, measured.
 
 - `saved_tensor_table`, `korthikanti_terms`, `bytes_by_term`, `dropout_mask_bytes`,
   `attention_core_policy`, `save_matmul_outputs` (defined in `helpers.saved_tensors`):
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,9 +37,31 @@ from torch.utils.checkpoint import (
 )
 from torch.utils.flop_counter import FlopCounterMode
 
+from helpers import plots
+from helpers.budget import measure_update
+from helpers.checks import (
+    answer_number,
+    bool_arg,
+    callable_arg,
+    choice,
+    instance_arg,
+    int_at_least,
+    int_in_range,
+    positive_int,
+)
+from helpers.data import token_batch
 from helpers.device import SCALES, by_scale, synchronize
 from helpers.memory import MemoryTracker, StepMemory, run_or_oom, saved_activation_bytes
-from helpers.models import GPT, GPTConfig, MLPBlock
+from helpers.models import (
+    GPT,
+    BlockWrapper,
+    GPTBlock,
+    GPTConfig,
+    MLPBlock,
+    device_of,
+    explainer_config,
+    explainer_model,
+)
 from helpers.saved_tensors import (
     QUADRATIC_TERMS,
     SavedTensor,
@@ -51,15 +72,18 @@ from helpers.saved_tensors import (
     save_matmul_outputs,
     saved_tensor_table,
 )
+from helpers.training import OPTIMIZERS, lm_loss
 
 __all__ = [
-    "CHAIN_KINDS", "POLICIES", "QUADRATIC_TERMS", "SavedTensor", "SegmentPoint", "Timing", "TradeOff",
+    "CHAIN_KINDS", "CHAIN_LENGTHS", "POLICIES", "QUADRATIC_TERMS", "REFERENCE_ROWS", "WIDGET_MAX_STEPS",
+    "SavedTensor", "SegmentPoint", "Timing", "TradeOff",
     "TradeOffLab", "attention_core_policy", "block_shape", "bytes_by_term", "chain_layer_costs",
     "chain_shape", "check_exercise_1", "check_exercise_2", "check_exercise_3", "check_exercise_4",
     "checkpoint_with", "count_flops", "divisors", "dropout_mask_bytes", "freeze_batchnorm_stats",
     "gpt_setup", "interleaved_times", "korthikanti_terms", "make_block_wrapper", "make_chain",
     "params_without_grad", "predicted_peak_bytes", "save_matmul_outputs", "saved_tensor_table",
     "segment_cost", "segment_sizes", "segment_sweep", "selective_shape", "widget_latency_cases",
+    "widget_max_micro_batch", "plot_trade_offs",
 ]
 
 POLICIES = ("none", "full", "save-matmuls", "attention-core")
@@ -75,8 +99,7 @@ def count_flops(fn: Callable[[], object]) -> int:
 
     It counts matmuls, convolutions and attention; pointwise ops count zero.
     """
-    if not callable(fn):
-        raise ValueError(f"fn must be a zero-argument callable, got {type(fn).__name__}")
+    callable_arg("fn", fn, "a zero-argument callable")
     with FlopCounterMode(display=False) as counter:
         fn()
     return int(counter.get_total_flops())
@@ -86,9 +109,7 @@ def count_flops(fn: Callable[[], object]) -> int:
 # Policies as block wrappers
 # ---------------------------------------------------------------------------
 
-def make_block_wrapper(
-    policy: str, every: int = 1
-) -> Callable[[nn.Module, torch.Tensor], torch.Tensor] | None:
+def make_block_wrapper(policy: str, every: int = 1) -> BlockWrapper | None:
     """A `model.block_wrapper` for `policy` in POLICIES, applied to every `every`-th block.
 
     "none" returns None (no checkpointing). The others call
@@ -100,10 +121,8 @@ def make_block_wrapper(
     Blocks are counted in call order within one forward; every `every`-th one
     (the first, then every `every` after it) is checkpointed.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy={policy!r} is not a policy; choose one of {POLICIES}")
-    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-        raise ValueError(f"every must be an int >= 1, got {every!r}")
+    choice("policy", policy, POLICIES)
+    int_at_least("every", every, 1)
     if policy == "none":
         return None
     seen: dict[int, int] = {}
@@ -131,16 +150,14 @@ def checkpoint_with(fn: Callable[..., torch.Tensor], *args: object, reentrant: b
     The lessons always pass `use_reentrant=False`; this exists only to show what
     the old reentrant implementation does when no input of the region requires grad.
     """
-    if not isinstance(reentrant, bool):
-        raise TypeError(f"reentrant must be a bool, got {type(reentrant).__name__} {reentrant!r}")
+    bool_arg("reentrant", reentrant)
     options = {"use_reentrant": reentrant, **kwargs}
     return checkpoint(fn, *args, **options)
 
 
 def params_without_grad(model: nn.Module) -> list[str]:
     """Names of the trainable parameters (requires_grad) whose `.grad` is None after a backward."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    instance_arg("model", model, nn.Module, "torch.nn.Module")
     return [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
 
 
@@ -181,9 +198,8 @@ def interleaved_times(
     """
     if not fns or not all(callable(f) for f in fns.values()):
         raise ValueError(f"fns must be a non-empty mapping of name -> callable, got {fns!r}")
-    for name, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    int_at_least("repeats", repeats, 1)
+    int_at_least("warmup", warmup, 0)
     device = torch.device(device)
     names = list(fns)
     for _ in range(warmup):
@@ -216,10 +232,9 @@ def make_chain(n: int, width: int, kind: str = "linear") -> nn.Sequential:
     input), so a ~= b. "mlp": `MLPBlock(width, expansion=2)`, each keeping about
     six boundary-sized tensors (LayerNorm input and output, fc1 output, GELU output).
     """
-    if kind not in CHAIN_KINDS:
-        raise ValueError(f"kind={kind!r} is not a chain kind; choose one of {CHAIN_KINDS}")
-    if not isinstance(n, int) or n < 1 or not isinstance(width, int) or width < 1:
-        raise ValueError(f"n and width must be positive ints, got n={n!r}, width={width!r}")
+    choice("kind", kind, CHAIN_KINDS)
+    positive_int("n", n)
+    positive_int("width", width)
     if kind == "linear":
         return nn.Sequential(*(nn.Linear(width, width) for _ in range(n)))
     return nn.Sequential(*(MLPBlock(width, expansion=2) for _ in range(n)))
@@ -241,8 +256,7 @@ def segment_cost(a: float, b: float, n: int, k: int) -> float:
 
 
 def _check_segments(n: int, k: int) -> None:
-    if not isinstance(k, int) or not 1 <= k <= n:
-        raise ValueError(f"segments must be an int in [1, {n}] (the number of layers), got {k!r}")
+    int_in_range("segments", k, 1, n)  # 1 to n: the number of layers
 
 
 @dataclass(frozen=True)
@@ -288,8 +302,7 @@ def segment_sizes(n: int, k: int) -> list[int]:
     (pytorch/pytorch #68423), and the last segment is not checkpointed.
     9 layers in 5 segments: [1, 1, 1, 1, 5].
     """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    positive_int("n", n)
     _check_segments(n, k)
     size = n // k
     return [size] * (k - 1) + [n - size * (k - 1)]
@@ -297,8 +310,7 @@ def segment_sizes(n: int, k: int) -> list[int]:
 
 def divisors(n: int) -> list[int]:
     """The k in 1..n that divide n: segment counts for which every segment is equal."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    positive_int("n", n)
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
@@ -317,6 +329,7 @@ def freeze_batchnorm_stats(model: nn.Module) -> Iterator[None]:
     checkpoint's recompute check requires. Use it as the recompute context:
     `context_fn=lambda: (nullcontext(), freeze_batchnorm_stats(model))`.
     """
+    instance_arg("model", model, nn.Module, "torch.nn.Module")
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     momenta = [m.momentum for m in norms]
     counts = [None if m.num_batches_tracked is None else m.num_batches_tracked.clone()
@@ -404,12 +417,9 @@ def predicted_peak_bytes(scale: str) -> int:
     (twice their Korthikanti bytes: saved tensors plus backward's temporaries).
     No tensor is allocated.
     """
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r} is not a scale; choose one of {SCALES}")
-    from helpers.budget import lesson_config
-
+    choice("scale", scale, SCALES)
     cfg, b = gpt_setup(scale)
-    candidates = [_gpt_peak(cfg, b), _gpt_peak(lesson_config(scale), widget_max_micro_batch(scale))]
+    candidates = [_gpt_peak(cfg, b), _gpt_peak(explainer_config(scale), widget_max_micro_batch(scale))]
     for bb, s, h, a in (block_shape(scale), selective_shape(scale)):
         candidates.append(2 * sum(korthikanti_terms(s=s, b=bb, h=h, a=a, act_bytes=4, mask_bytes=4).values()))
     width, batch = chain_shape(scale)
@@ -469,16 +479,14 @@ class TradeOffLab:
     """
 
     def __init__(self, model: GPT, *, repeats: int = 3, optimizer: str = "adam") -> None:
-        if not isinstance(model, GPT):
-            raise TypeError(f"model must be a helpers.models.GPT, got {type(model).__name__}")
-        self.model = model
-        self.repeats = repeats
-        self.optimizer = optimizer
+        self.model = instance_arg("model", model, GPT, "helpers.models.GPT")
+        self.repeats = positive_int("repeats", repeats)
+        self.optimizer = choice("optimizer", optimizer, OPTIMIZERS)
         self._memory: dict[tuple[int, int, bool], StepMemory] = {}
         self._micro: dict[int, tuple[int, int, Timing, Timing]] = {}
 
     @staticmethod
-    def wrapper(checkpointed: bool) -> Callable[[nn.Module, torch.Tensor], torch.Tensor] | None:
+    def wrapper(checkpointed: bool) -> BlockWrapper | None:
         """The block wrapper: `checkpoint(block, x, use_reentrant=False)` or None."""
         if not checkpointed:
             return None
@@ -486,18 +494,14 @@ class TradeOffLab:
 
     def micro_step(self, micro_batch: int, checkpointed: bool) -> Callable[[], None]:
         """One forward + backward of `micro_batch` examples (gradients cleared after)."""
-        from helpers.budget import lm_loss
-        from helpers.data import token_batch
-
         cfg, model = self.model.cfg, self.model
-        device = next(model.parameters()).device
-        idx, targets = token_batch(micro_batch, cfg.seq_len, cfg.vocab_size, seed=0, device=device)
+        idx, targets = token_batch(micro_batch, cfg.seq_len, cfg.vocab_size, seed=0, device=device_of(model))
         wrapper = self.wrapper(checkpointed)
 
         def step() -> None:
             previous, model.block_wrapper = model.block_wrapper, wrapper
             try:
-                lm_loss(model, idx, targets).backward()
+                lm_loss(model(idx), targets).backward()
             finally:
                 model.block_wrapper = previous
                 model.zero_grad(set_to_none=True)
@@ -509,22 +513,16 @@ class TradeOffLab:
             plain, ckpt = self.micro_step(b, False), self.micro_step(b, True)
             flops = count_flops(plain), count_flops(ckpt)  # these runs also warm both steps up
             times = interleaved_times({"plain": plain, "ckpt": ckpt},
-                                      device=next(self.model.parameters()).device,
+                                      device=device_of(self.model),
                                       repeats=self.repeats, warmup=0)
             self._micro[b] = (*flops, times["plain"], times["ckpt"])
         return self._micro[b]
 
     def measure(self, micro_batch: int, steps: int, checkpointed: bool) -> TradeOff | None:
         """The trade-off of B x K (checkpointed or not), or None when CUDA runs out of memory."""
-        from helpers.budget import measure_update
-
-        for name, value, high in (("micro_batch", micro_batch, None), ("steps", steps, None)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__} {value!r}")
-            if value < 1 or (high is not None and value > high):
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if not isinstance(checkpointed, bool):
-            raise TypeError(f"checkpointed must be a bool, got {type(checkpointed).__name__}")
+        int_at_least("micro_batch", micro_batch, 1)
+        int_at_least("steps", steps, 1)
+        bool_arg("checkpointed", checkpointed)
         key = (micro_batch, min(steps, 2), checkpointed)
         if key not in self._memory:
             mem = run_or_oom(lambda: measure_update(self.model, micro_batch=micro_batch, steps=key[1],
@@ -544,8 +542,6 @@ class TradeOffLab:
 
     def show(self, micro_batch: int = 4, steps: int = 8, checkpointed: bool = False) -> None:
         """The widget's work: your B x K beside the explainer's three rows, drawn and printed."""
-        from helpers import plots
-
         yours = self.measure(micro_batch, steps, checkpointed)
         print(f"effective batch B x K = {micro_batch} x {steps} = {micro_batch * steps}")
         if yours is None:
@@ -567,8 +563,6 @@ class TradeOffLab:
 
 def plot_trade_offs(rows: Sequence[TradeOff], labels: Sequence[str]) -> object:
     """Left: peak broken into floor / activations / other. Right: time per update, extra FLOPs on top."""
-    from helpers import plots
-
     if not rows or len(rows) != len(labels):
         raise ValueError(f"need one label per row, got {len(rows)} rows and {len(labels)} labels")
     fig, (left, right) = plots.figure(2, width=11, height=3.6)
@@ -596,13 +590,10 @@ def plot_trade_offs(rows: Sequence[TradeOff], labels: Sequence[str]) -> object:
 def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:
     """One zero-argument callable per widget control move, doing that move's full work.
 
-    Builds the widget's model (`helpers.budget.explainer_model`) and a `TradeOffLab`
+    Builds the widget's model (`helpers.models.explainer_model`) and a `TradeOffLab`
     as the notebook does; each case redraws from the default (B=4, K=8, off).
     """
-    from helpers.budget import explainer_model
-
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r} is not a scale; choose one of {SCALES}")
+    choice("scale", scale, SCALES)
     lab = TradeOffLab(explainer_model(scale, device))
     top = widget_max_micro_batch(scale)
     return {
@@ -619,15 +610,9 @@ def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable
 # ---------------------------------------------------------------------------
 
 
-def _number(answer: object) -> float | None:
-    if isinstance(answer, bool) or not isinstance(answer, int | float) or not math.isfinite(answer):
-        return None
-    return float(answer)
-
-
 def check_exercise_1(s: object) -> str:
     """Exercise 1: the sequence length at which 5as/h overtakes 34 for h = 64, a = 4 (16-bit)."""
-    value = _number(s)
+    value = answer_number(s)
     exact = 34 * 64 / (5 * 4)  # 108.8
     if value is None:
         return f"Hint: answer with a number (a sequence length), got {s!r}."
@@ -647,11 +632,11 @@ def check_exercise_2(policy: object) -> str:
     if not callable(policy):
         return ("Hint: pass your policy function (ctx, op, *args, **kwargs) -> CheckpointPolicy, "
                 f"got {policy!r}.")
-    from helpers.models import GPTBlock
-
     b, s, h, a = 2, 32, 16, 2
-    block = GPTBlock(GPTConfig(seq_len=s, d_model=h, n_heads=a, dropout=0.0))
-    x = torch.randn(b, s, h, requires_grad=True)
+    with torch.random.fork_rng(devices=[]):  # leaves the notebook's random stream alone
+        torch.default_generator.manual_seed(0)
+        block = GPTBlock(GPTConfig(seq_len=s, d_model=h, n_heads=a, dropout=0.0))
+        x = torch.randn(b, s, h, requires_grad=True)
     context = functools.partial(create_selective_checkpoint_contexts, policy)
     try:
         kept = saved_activation_bytes(
@@ -670,7 +655,7 @@ def check_exercise_2(policy: object) -> str:
 
 def check_exercise_3(a_over_b: object) -> str:
     """Exercise 3: a/b of a Linear + ReLU layer (input of Linear and output of ReLU kept)."""
-    value = _number(a_over_b)
+    value = answer_number(a_over_b)
     if value is None:
         return f"Hint: answer with the ratio a/b as a number, got {a_over_b!r}."
     if abs(value - 2.0) <= 0.1:
@@ -682,7 +667,7 @@ def check_exercise_3(a_over_b: object) -> str:
 
 def check_exercise_4(flops_factor: object, peak_factor: object) -> str:
     """Exercise 4: doubling K at a fixed B multiplies extra FLOPs per update and the peak by what?"""
-    f, p = _number(flops_factor), _number(peak_factor)
+    f, p = answer_number(flops_factor), answer_number(peak_factor)
     if f is None or p is None:
         return f"Hint: answer with two numbers, got {flops_factor!r}, {peak_factor!r}."
     if abs(f - 2) <= 0.05 and abs(p - 1) <= 0.05:

@@ -16,6 +16,7 @@ but ``micro_batch=True`` is always a mistake).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -23,11 +24,15 @@ import torch
 
 __all__ = [
     "ArgTypeError",
+    "answer_number",
+    "bool_arg",
     "callable_arg",
     "choice",
     "int_at_least",
+    "instance_arg",
     "int_in_range",
     "non_negative_int",
+    "non_negative_number",
     "number_in_range",
     "positive_int",
     "positive_number",
@@ -45,40 +50,33 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _checked_int(name: str, value: object, ok: Callable[[int], bool], allowed: str) -> int:
+    """Return `value` if it is an int (not a bool) with ok(value); `allowed` words the rule."""
+    if not _is_int(value):
+        raise ArgTypeError(f"{name} must be {allowed}, got {type(value).__name__} {value!r}")
+    if not ok(value):  # type: ignore[arg-type]
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
 def int_at_least(name: str, value: object, low: int) -> int:
     """Return `value` if it is an int >= `low`; else raise with a message naming `name`."""
-    if not _is_int(value):
-        raise ArgTypeError(f"{name} must be an int >= {low}, got {type(value).__name__} {value!r}")
-    if value < low:  # type: ignore[operator]
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return value  # type: ignore[return-value]
+    return _checked_int(name, value, lambda v: v >= low, f"an int >= {low}")
 
 
 def positive_int(name: str, value: object) -> int:
     """Return `value` if it is an int >= 1 (bools are refused)."""
-    if not _is_int(value):
-        raise ArgTypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
-    if value < 1:  # type: ignore[operator]
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value  # type: ignore[return-value]
+    return _checked_int(name, value, lambda v: v >= 1, "a positive int")
 
 
 def non_negative_int(name: str, value: object) -> int:
     """Return `value` if it is an int >= 0 (bools are refused)."""
-    if not _is_int(value):
-        raise ArgTypeError(f"{name} must be a non-negative int, got {type(value).__name__} {value!r}")
-    if value < 0:  # type: ignore[operator]
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    return value  # type: ignore[return-value]
+    return _checked_int(name, value, lambda v: v >= 0, "a non-negative int")
 
 
 def int_in_range(name: str, value: object, low: int, high: int) -> int:
     """Return `value` if it is an int with low <= value <= high."""
-    if not _is_int(value):
-        raise ArgTypeError(f"{name} must be an int in [{low}, {high}], got {type(value).__name__} {value!r}")
-    if not low <= value <= high:  # type: ignore[operator]
-        raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r}")
-    return value  # type: ignore[return-value]
+    return _checked_int(name, value, lambda v: low <= v <= high, f"an int in [{low}, {high}]")
 
 
 def number_in_range(
@@ -99,6 +97,36 @@ def number_in_range(
 def positive_number(name: str, value: object) -> float:
     """Return `value` as a float if it is a real number > 0 (and finite)."""
     return number_in_range(name, value, 0.0, float("inf"), low_open=True, high_open=True)
+
+
+def non_negative_number(name: str, value: object) -> float:
+    """Return `value` as a float if it is a real number >= 0 (and finite)."""
+    return number_in_range(name, value, 0.0, float("inf"), high_open=True)
+
+
+def bool_arg(name: str, value: object) -> bool:
+    """Return `value` if it is a bool (1 and 0 are refused: a flag is True or False)."""
+    if not isinstance(value, bool):
+        raise ArgTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def instance_arg(name: str, value: object, cls: type[T], what: str | None = None) -> T:
+    """Return `value` if it is an instance of `cls`; `what` names the type in the message."""
+    if not isinstance(value, cls):
+        what = what or f"{cls.__module__}.{cls.__qualname__}"
+        raise ArgTypeError(f"{name} must be a {what}, got {type(value).__name__}")
+    return value
+
+
+def answer_number(answer: object) -> float | None:
+    """A learner's answer as a float if it is a finite real number, else None (never raises).
+
+    For exercise checkers, which answer a wrong type with a hint instead of an error.
+    """
+    if isinstance(answer, bool) or not isinstance(answer, int | float) or not math.isfinite(answer):
+        return None
+    return float(answer)
 
 
 def choice(name: str, value: object, choices: Sequence[T]) -> T:

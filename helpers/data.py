@@ -1,30 +1,32 @@
-"""Synthetic data, generated in-process: nothing is downloaded.
+"""Synthetic data, generated in-process: nothing is downloaded (core, lessons 01-08).
 
 Each function takes a `seed` and builds its tensors with a private
 `torch.Generator`, so the data does not depend on (or disturb) the global RNG.
+
+- `regression_batch`: inputs and targets of a noisy linear map (ResidualMLP lessons).
+- `token_batch`: token sequences and their next-token targets (GPT lessons).
+- `image_batch`: small labelled images (ConvNet lessons).
 """
 
 from __future__ import annotations
 
 import torch
 
+from helpers.checks import non_negative_int, positive_int
+
+__all__ = ["image_batch", "regression_batch", "token_batch"]
+
 
 def _generator(seed: int) -> torch.Generator:
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    return torch.Generator().manual_seed(seed)
-
-
-def _check_n(n: int) -> None:
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    return torch.Generator().manual_seed(non_negative_int("seed", seed))
 
 
 def regression_batch(
     n: int, d_in: int, d_out: int = 1, *, seed: int = 0, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`n` inputs of size `d_in` and targets from a fixed random linear map plus noise."""
-    _check_n(n)
+    for name, value in (("n", n), ("d_in", d_in), ("d_out", d_out)):
+        positive_int(name, value)
     g = _generator(seed)
     x = torch.randn(n, d_in, generator=g)
     w = torch.randn(d_in, d_out, generator=g) / d_in**0.5
@@ -40,7 +42,8 @@ def token_batch(
     The sequences follow a simple learnable rule (each token is the previous
     one plus a per-sequence step, modulo the vocabulary), so a model can fit them.
     """
-    _check_n(n)
+    for name, value in (("n", n), ("seq_len", seq_len), ("vocab_size", vocab_size)):
+        positive_int(name, value)
     g = _generator(seed)
     start = torch.randint(0, vocab_size, (n, 1), generator=g)
     step = torch.randint(1, 4, (n, 1), generator=g)
@@ -53,7 +56,8 @@ def image_batch(
     device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`n` small images whose class sets the mean of one channel band, plus labels."""
-    _check_n(n)
+    for name, value in (("n", n), ("channels", channels), ("size", size), ("num_classes", num_classes)):
+        positive_int(name, value)
     g = _generator(seed)
     labels = torch.randint(0, num_classes, (n,), generator=g)
     images = torch.randn(n, channels, size, size, generator=g)

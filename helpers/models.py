@@ -1,4 +1,4 @@
-"""Small, deterministic models that the lessons reuse.
+"""Small, deterministic models that the lessons reuse (core, lessons 01-08).
 
 - `ResidualMLP`: a stack of pre-LayerNorm residual MLP blocks on vectors.
 - `GPT`: a small pre-LayerNorm GPT-style transformer. Attention is written out
@@ -8,9 +8,15 @@
 - `ConvNet`: a small ConvNet with BatchNorm (or GroupNorm, LayerNorm, none).
 
 Every model runs its blocks through `run_blocks`, which calls
-`self.block_wrapper(block, x)` when one is set. Lessons set it to a
+`self.block_wrapper(block, x)` (a `BlockWrapper`) when one is set. Lessons set it to a
 `torch.utils.checkpoint.checkpoint` call in plain sight instead of hiding a flag
 inside the model.
+
+- `explainer_config(scale)` / `explainer_model(scale, device)`: the explainer-sized GPT
+  that lessons 01 and 02 measure, at each of `helpers.device.SCALES`.
+- `seeded_gpt(cfg, device, seed)`: a GPT whose weights come from `seed`, built without
+  touching the global RNG.
+- `param_bytes(model)`, `device_of(model)`: small facts about a model.
 """
 
 from __future__ import annotations
@@ -23,13 +29,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers.checks import choice, instance_arg, non_negative_int, number_in_range, positive_int
+from helpers.device import SCALES
+
+__all__ = [
+    "NORMS",
+    "GPT",
+    "BlockWrapper",
+    "CausalSelfAttention",
+    "ConvNet",
+    "GPTBlock",
+    "GPTConfig",
+    "MLPBlock",
+    "ResidualMLP",
+    "device_of",
+    "explainer_config",
+    "explainer_model",
+    "param_bytes",
+    "seeded_gpt",
+]
+
+# What `model.block_wrapper` holds: called as wrapper(block, x) in place of block(x).
 BlockWrapper = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 
 
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        positive_int(name, value)
 
 
 class _Blocks(nn.Module):
@@ -96,8 +122,7 @@ class GPTConfig:
             raise ValueError(
                 f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        number_in_range("dropout", self.dropout, 0.0, 1.0, high_open=True)
 
 
 class CausalSelfAttention(nn.Module):
@@ -177,15 +202,14 @@ NORMS = ("batch", "group", "layer", "none")
 
 
 def _norm(kind: str, channels: int) -> nn.Module:
+    choice("norm", kind, NORMS)
     if kind == "batch":
         return nn.BatchNorm2d(channels)
     if kind == "group":
         return nn.GroupNorm(min(4, channels), channels)
     if kind == "layer":
         return nn.GroupNorm(1, channels)  # LayerNorm over (C, H, W)
-    if kind == "none":
-        return nn.Identity()
-    raise ValueError(f"norm={kind!r} is not supported; choose one of {NORMS}")
+    return nn.Identity()
 
 
 class ConvNet(_Blocks):
@@ -221,8 +245,58 @@ class ConvNet(_Blocks):
 
 def param_bytes(model: nn.Module) -> int:
     """Bytes held by the model's parameters (each storage counted once)."""
+    instance_arg("model", model, nn.Module, "torch.nn.Module")
     seen: dict[int, int] = {}
     for p in model.parameters():
         st = p.untyped_storage()
         seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values())
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """The device of `model`'s first parameter (the lessons' models live on one device)."""
+    instance_arg("model", model, nn.Module, "torch.nn.Module")
+    first = next(model.parameters(), None)
+    if first is None:
+        raise ValueError(f"model has no parameters, so no device: {type(model).__name__}")
+    return first.device
+
+
+# -- the explainer-sized GPT (lessons 01 and 02) ---------------------------------------------
+_EXPLAINER_SIZES = {
+    "tiny": dict(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2),
+    "small": dict(vocab_size=256, seq_len=64, d_model=64, n_heads=4, n_layers=4),
+    # 63 M parameters; micro-batch 16 peaks at about 6.7 GB (a 12-40 GB GPU, e.g. a T4).
+    "medium": dict(vocab_size=8192, seq_len=512, d_model=768, n_heads=12, n_layers=8),
+    # 161 M parameters; micro-batch 12 peaks at about 23 GB (a GPU with 40 GB or more).
+    "full": dict(vocab_size=8192, seq_len=1024, d_model=1024, n_heads=16, n_layers=12),
+}
+
+
+def explainer_config(scale: str) -> GPTConfig:
+    """GPT sizes of the model lessons 01 and 02 measure at `scale` (one of `helpers.device.SCALES`).
+
+    No dropout, attention written out: the model `helpers.budget`'s formulas describe.
+    """
+    choice("scale", scale, SCALES)
+    return GPTConfig(dropout=0.0, **_EXPLAINER_SIZES[scale])
+
+
+def seeded_gpt(cfg: GPTConfig, device: torch.device | str, seed: int = 0) -> GPT:
+    """A freshly initialised `GPT(cfg)` on `device`, in train mode, its weights drawn from `seed`.
+
+    The weights come from torch's CPU generator seeded with `seed` (the same numbers
+    as `torch.manual_seed(seed)` followed by `GPT(cfg)`), inside `fork_rng`, so the
+    caller's random stream (CPU and CUDA) is left as it was.
+    """
+    instance_arg("cfg", cfg, GPTConfig, "helpers.models.GPTConfig")
+    non_negative_int("seed", seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        model = GPT(cfg)
+    return model.to(device).train()
+
+
+def explainer_model(scale: str, device: torch.device | str, seed: int = 0) -> GPT:
+    """A freshly initialised `explainer_config(scale)` GPT on `device`, in train mode (`seeded_gpt`)."""
+    return seeded_gpt(explainer_config(scale), device, seed)

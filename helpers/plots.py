@@ -1,8 +1,9 @@
-"""One house style for every lesson's plots, and byte formatting.
+"""One house style for every lesson's plots, and byte formatting (core, lessons 01-08).
 
-Figures are shown with `show(fig)`, which displays and then closes them, so a
-rerun cell neither leaks figures nor warns under a non-interactive backend
-(`MPLBACKEND=Agg`).
+`use_style()` applies the lessons' matplotlib style (`STYLE`); `helpers.device.setup_lesson`
+calls it, and importing this module changes nothing. Figures are shown with
+`show(fig)`, which displays and then closes them, so a rerun cell neither leaks
+figures nor warns under a non-interactive backend (`MPLBACKEND=Agg`).
 """
 
 from __future__ import annotations
@@ -10,25 +11,49 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-matplotlib.rcParams.update(
-    {
-        "figure.figsize": (7.5, 3.6),
-        "figure.dpi": 90,
-        "axes.spines.top": False,
-        "axes.spines.right": False,
-        "axes.grid": True,
-        "grid.alpha": 0.3,
-        "axes.titlesize": 11,
-        "axes.titleweight": "bold",
-        "legend.frameon": False,
-        "font.size": 10,
-    }
-)
+from helpers.checks import positive_int
 
-import matplotlib.pyplot as plt  # noqa: E402  (after the style is set)
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+__all__ = [
+    "COLORS",
+    "PHASE_SHADES",
+    "STYLE",
+    "UNITS",
+    "byte_unit",
+    "figure",
+    "format_bytes",
+    "phase_runs",
+    "show",
+    "stacked_bars",
+    "timeline",
+    "use_style",
+]
+
+STYLE = {
+    "figure.figsize": (7.5, 3.6),
+    "figure.dpi": 90,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.titlesize": 11,
+    "axes.titleweight": "bold",
+    "legend.frameon": False,
+    "font.size": 10,
+}
+
+
+def use_style() -> None:
+    """Apply the lessons' plot style (`STYLE`) to matplotlib's rcParams, for the whole process.
+
+    `setup_lesson` calls it once per notebook; for a temporary style, use
+    `matplotlib.rc_context(STYLE)` instead.
+    """
+    matplotlib.rcParams.update(STYLE)
+
 
 COLORS = {
     "parameters": "#4C72B0",
@@ -60,6 +85,7 @@ def byte_unit(max_bytes: float) -> tuple[str, int]:
 
 def figure(ncols: int = 1, *, width: float = 7.5, height: float = 3.6) -> tuple[Figure, list[Axes]]:
     """A new figure with `ncols` axes side by side (always returned as a list)."""
+    positive_int("ncols", ncols)
     fig, axes = plt.subplots(1, ncols, figsize=(width, height), squeeze=False)
     return fig, list(axes[0])
 

@@ -1,4 +1,4 @@
-"""What autograd keeps for one transformer block, and Korthikanti et al.'s formula for it.
+"""What autograd keeps for one transformer block, and Korthikanti et al.'s formula for it (lesson 02).
 
 - `saved_tensor_table`: every tensor the backward graph of one module holds,
   op by op, with the submodule that saved it and the formula term it belongs to.
@@ -22,7 +22,21 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy
 
+from helpers.checks import instance_arg, int_at_least, positive_int, positive_number, tensor_arg
 from helpers.memory import saved_activation_bytes
+
+__all__ = [
+    "KORTHIKANTI",
+    "QUADRATIC_TERMS",
+    "Policy",
+    "SavedTensor",
+    "attention_core_policy",
+    "bytes_by_term",
+    "dropout_mask_bytes",
+    "korthikanti_terms",
+    "save_matmul_outputs",
+    "saved_tensor_table",
+]
 
 # Korthikanti et al. 2022, Table/Sec. 4.1: bytes per layer in 16-bit, as
 # (term, coefficient, unit, kind). unit "sbh" or "as2b"; kind "act" (2 bytes
@@ -60,10 +74,9 @@ def korthikanti_terms(
     separate dropout output (then the softmax output itself) are left out.
     """
     for name, value in {"s": s, "b": b, "h": h, "a": a}.items():
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if act_bytes <= 0 or mask_bytes <= 0:
-        raise ValueError(f"act_bytes and mask_bytes must be > 0, got {act_bytes}, {mask_bytes}")
+        positive_int(name, value)
+    positive_number("act_bytes", act_bytes)
+    positive_number("mask_bytes", mask_bytes)
     unit = {"sbh": s * b * h, "as2b": a * s * s * b}
     out = {}
     for term, coef, size, kind in KORTHIKANTI:
@@ -79,10 +92,13 @@ def dropout_mask_bytes(device: torch.device | str = "cpu") -> float:
     """Measured bytes per element that a training-mode dropout keeps for backward.
 
     A bool mask (1 byte) on CUDA; on CPU torch keeps a scaled float mask, as
-    many bytes as the activation itself.
+    many bytes as the activation itself. The mask's random draw happens inside
+    `fork_rng`, so the caller's random stream is left as it was.
     """
+    device = torch.device(device)
     x = torch.ones(4096, device=device, requires_grad=True)
-    return saved_activation_bytes(lambda: F.dropout(x, 0.5, training=True)) / x.numel()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        return saved_activation_bytes(lambda: F.dropout(x, 0.5, training=True)) / x.numel()
 
 
 @dataclass(frozen=True)
@@ -125,6 +141,59 @@ def _term(module: str, op: str, field: str, tensor: torch.Tensor,
     return "not in the formula: other"
 
 
+def _forward_noting_modules(block: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict[tuple, str]]:
+    """Run `block` on a copy of `x`; map each saved tensor (storage, offset, numel) to the
+    name of the submodule whose forward was running when autograd saved it."""
+    names = {m: n for n, m in block.named_modules()}
+    stack: list[str] = []
+    where: dict[tuple, str] = {}
+
+    def enter(module: nn.Module, _: object) -> None:
+        stack.append(names[module])
+
+    def leave(*_: object) -> None:
+        stack.pop()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+        where.setdefault(key, stack[-1] if stack else "")
+        return t
+
+    hooks = [m.register_forward_pre_hook(enter) for m in names]
+    hooks += [m.register_forward_hook(leave) for m in names]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = block(x.detach().clone().requires_grad_(x.requires_grad))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return out, where
+
+
+def _saved_by_node(out: torch.Tensor) -> list[tuple[str, list[tuple[str, torch.Tensor]]]]:
+    """(op, [(field, tensor), ...]) for every backward node behind `out`, in forward order.
+
+    The one place that reads autograd's private attributes: `node._saved_<field>`
+    (what the node keeps for backward) and `node._sequence_nr()` (the order the
+    nodes were made in). The op is the node's class name without "Backward0/1".
+    """
+    nodes, todo, seen = [], [out.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        nodes.append(node)
+        todo.extend(n for n, _ in node.next_functions)
+    nodes.sort(key=lambda n: n._sequence_nr())
+    result = []
+    for node in nodes:
+        op = type(node).__name__.removesuffix("Backward0").removesuffix("Backward1")
+        fields = [(f.removeprefix("_saved_"), getattr(node, f)) for f in dir(node) if f.startswith("_saved_")]
+        result.append((op, [(f, t) for f, t in fields if isinstance(t, torch.Tensor)]))
+    return result
+
+
 def saved_tensor_table(block: nn.Module, x: torch.Tensor) -> list[SavedTensor]:
     """Run `block(x)` once in training mode and list every tensor autograd saved.
 
@@ -134,48 +203,14 @@ def saved_tensor_table(block: nn.Module, x: torch.Tensor) -> list[SavedTensor]:
     shares memory with an earlier row gets `nbytes=0`. `term` maps each row to
     Korthikanti et al.'s terms for a `helpers.models.GPTBlock`.
     """
+    instance_arg("block", block, nn.Module, "torch.nn.Module")
+    tensor_arg("x", x)
     if x.dim() != 3:
         raise ValueError(f"x must be (batch, seq, hidden), got shape {tuple(x.shape)}")
     state = {t.untyped_storage().data_ptr() for t in [*block.parameters(), *block.buffers()]}
-    names = {m: n for n, m in block.named_modules()}
-    stack: list[str] = []
-    where: dict[tuple[int, int, int], str] = {}
-
-    def enter(module: nn.Module, _: object) -> None:
-        stack.append(names[module])
-
-    def leave(*_: object) -> None:
-        stack.pop()
-
-    hooks = [m.register_forward_pre_hook(enter) for m in names]
-    hooks += [m.register_forward_hook(leave) for m in names]
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
-        where.setdefault(key, stack[-1] if stack else "")
-        return t
-
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = block(x.detach().clone().requires_grad_(x.requires_grad))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    nodes, todo, seen_nodes = [], [out.grad_fn], set()
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen_nodes:
-            continue
-        seen_nodes.add(node)
-        nodes.append(node)
-        todo.extend(n for n, _ in node.next_functions)
-    nodes.sort(key=lambda n: n._sequence_nr())
+    out, where = _forward_noting_modules(block, x)
     rows, counted = [], set()
-    for node in nodes:
-        op = type(node).__name__.removesuffix("Backward0").removesuffix("Backward1")
-        fields = [(f[len("_saved_"):], getattr(node, f)) for f in dir(node)
-                  if f.startswith("_saved_")]
-        tensors = [(f, t) for f, t in fields if isinstance(t, torch.Tensor)]
+    for op, tensors in _saved_by_node(out):
         for field, t in tensors:
             ptr = t.untyped_storage().data_ptr()
             if ptr in state or t.numel() == 0:
@@ -242,11 +277,8 @@ def attention_core_policy(batch: int, n_heads: int) -> Policy:
     kept (2sbh mask elements).
     The sequence length must differ from `n_heads` (else the two layouts look alike).
     """
-    for name, value, low in (("batch", batch, 1), ("n_heads", n_heads, 2)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int >= {low}, got {type(value).__name__} {value!r}")
-        if value < low:  # one head would make (batch * heads, s, .) look like (batch, s, hidden)
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    int_at_least("batch", batch, 1)
+    int_at_least("n_heads", n_heads, 2)  # one head would make (batch * heads, s, .) look like (batch, s, h)
     rows = batch * n_heads
 
     def per_head(t: object) -> bool:

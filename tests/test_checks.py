@@ -66,3 +66,26 @@ def test_choice_callable_tensor() -> None:
     assert checks.tensor_arg("x", t) is t
     with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
         checks.tensor_arg("x", [1.0])
+
+
+def test_non_negative_number_bool_instance() -> None:
+    assert checks.non_negative_number("gb", 0) == 0.0
+    with pytest.raises(ValueError, match=r"gb must be a number in \[0.0, inf\), got -1"):
+        checks.non_negative_number("gb", -1)
+    with pytest.raises(TypeError, match="gb must be a number"):
+        checks.non_negative_number("gb", True)
+    assert checks.bool_arg("flag", False) is False
+    with pytest.raises(TypeError, match="flag must be a bool, got int 1"):
+        checks.bool_arg("flag", 1)
+    module = torch.nn.Linear(1, 1)
+    assert checks.instance_arg("model", module, torch.nn.Module, "torch.nn.Module") is module
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got str"):
+        checks.instance_arg("model", "m", torch.nn.Module, "torch.nn.Module")
+    with pytest.raises(ValueError, match="must be a torch.nn.modules.module.Module"):
+        checks.instance_arg("model", 3, torch.nn.Module)
+
+
+@pytest.mark.parametrize("answer, expected", [(3, 3.0), (2.5, 2.5), (True, None), ("3", None),
+                                              (None, None), (math.inf, None), (math.nan, None)])
+def test_answer_number_never_raises(answer: object, expected: float | None) -> None:
+    assert checks.answer_number(answer) == expected

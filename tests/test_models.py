@@ -1,4 +1,4 @@
-"""helpers.models and helpers.data: shapes, determinism, argument checks."""
+"""helpers.models (core): shapes, determinism, argument checks, the explainer-sized GPT."""
 
 from __future__ import annotations
 
@@ -6,7 +6,18 @@ import pytest
 import torch
 
 from helpers.data import image_batch, regression_batch, token_batch
-from helpers.models import GPT, ConvNet, GPTConfig, ResidualMLP, param_bytes
+from helpers.device import SCALES
+from helpers.models import (
+    GPT,
+    ConvNet,
+    GPTConfig,
+    ResidualMLP,
+    device_of,
+    explainer_config,
+    explainer_model,
+    param_bytes,
+    seeded_gpt,
+)
 
 
 def test_models_run_and_are_deterministic() -> None:
@@ -55,7 +66,9 @@ def test_param_bytes_counts_each_storage_once() -> None:
         (lambda: GPTConfig(n_layers=0), "n_layers"),
         (lambda: ConvNet(norm="instance"), "norm='instance'"),
         (lambda: ResidualMLP(4, 0, 2, 1), "width"),
-        (lambda: token_batch(0, 4, 8), "n must be"),
+        (lambda: GPTConfig(d_model=True), "d_model must be a positive int"),
+        (lambda: GPTConfig(dropout="0.1"), "dropout must be a number"),
+        (lambda: explainer_config("huge"), "scale='huge'"),
     ],
 )
 def test_bad_arguments_are_named(build, match: str) -> None:
@@ -67,3 +80,41 @@ def test_gpt_rejects_too_long_sequences() -> None:
     model = GPT(GPTConfig(seq_len=8, n_layers=1))
     with pytest.raises(ValueError, match="seq <= 8"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_explainer_model_is_seeded_and_leaves_the_global_rng_alone() -> None:
+    state = torch.random.get_rng_state()
+    model = explainer_model("tiny", "cpu")
+    assert torch.equal(torch.random.get_rng_state(), state)
+    torch.manual_seed(0)  # what explainer_model did before it forked the RNG: the same weights
+    reference = GPT(explainer_config("tiny"))
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b)
+    other = explainer_model("tiny", "cpu", seed=1)
+    assert not torch.equal(next(model.parameters()), next(other.parameters()))
+    assert model.training and model.cfg == explainer_config("tiny")
+    with pytest.raises(TypeError, match="seed"):
+        explainer_model("tiny", "cpu", seed=True)  # type: ignore[arg-type]
+
+
+def test_explainer_config_at_every_scale() -> None:
+    for scale in SCALES:
+        cfg = explainer_config(scale)
+        assert cfg.dropout == 0.0 and not cfg.fused_attention
+    assert explainer_config("medium") != explainer_config("small")
+
+
+def test_device_of() -> None:
+    assert device_of(ResidualMLP(4, 8, 1, 1)) == torch.device("cpu")
+    with pytest.raises(ValueError, match="no parameters"):
+        device_of(torch.nn.ReLU())
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        device_of("model")  # type: ignore[arg-type]
+
+
+def test_seeded_gpt_is_repeatable() -> None:
+    cfg = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=1, dropout=0.0)
+    a, b = seeded_gpt(cfg, "cpu", seed=3), seeded_gpt(cfg, "cpu", seed=3)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    with pytest.raises(TypeError, match="cfg must be a helpers.models.GPTConfig"):
+        seeded_gpt({"d_model": 8}, "cpu")  # type: ignore[arg-type]

@@ -1,0 +1,79 @@
+"""helpers.plots (core): the style is applied on request only, byte units, phase runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib
+import matplotlib.pyplot as plt
+import pytest
+
+from helpers import plots
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Imports every helpers module in a fresh interpreter; prints what changed in matplotlib's
+# rcParams and whether torch's global RNG moved.
+_PROBE = """
+import importlib, json, pkgutil, sys
+import matplotlib, matplotlib.pyplot, torch
+import helpers
+before = dict(matplotlib.rcParams)
+rng = torch.random.get_rng_state()
+names = sorted(m.name for m in pkgutil.iter_modules(helpers.__path__))
+for name in names:
+    importlib.import_module(f"helpers.{name}")
+changed = sorted(k for k, v in matplotlib.rcParams.items() if before.get(k) != v)
+print(json.dumps({"modules": names, "changed": changed,
+                  "rng_moved": not torch.equal(rng, torch.random.get_rng_state())}))
+"""
+
+
+def test_importing_helpers_changes_no_global_state() -> None:
+    out = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, capture_output=True, text=True,
+                         check=True, env={**os.environ, "MPLBACKEND": "Agg"})
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "plots" in result["modules"] and "budget" in result["modules"]
+    assert result["changed"] == [], f"importing helpers changed rcParams: {result['changed']}"
+    assert not result["rng_moved"], "importing helpers moved torch's global RNG"
+
+
+def test_use_style_applies_the_house_style() -> None:
+    with matplotlib.rc_context():  # restores rcParams after the test
+        plots.use_style()
+        for key, value in plots.STYLE.items():
+            expected = list(value) if isinstance(value, tuple) else value
+            assert matplotlib.rcParams[key] == expected, key
+
+
+def test_format_bytes_and_units() -> None:
+    assert plots.format_bytes(512) == "512 B"
+    assert plots.format_bytes(3 * 2**20) == "3.0 MiB"
+    assert plots.format_bytes(-2**30) == "-1.0 GiB"
+    assert plots.byte_unit(5 * 2**10) == ("KiB", 2**10)
+    assert plots.byte_unit(10) == ("B", 1)
+
+
+def test_phase_runs_merge_stray_ops() -> None:
+    phases = ["start"] + ["forward"] * 5 + ["backward"] * 6 + ["forward"] + ["optimizer"] * 4 + ["forward"]
+    expected = [(0, 0, "start"), (1, 5, "forward"), (6, 12, "backward"), (13, 17, "optimizer")]
+    assert plots.phase_runs(phases) == expected
+    assert plots.phase_runs([]) == []
+
+
+def test_stacked_bars_and_timeline_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    fig, (left, right) = plots.figure(2)
+    plots.stacked_bars(left, {"a": {"parameters": 2**20, "activations": 2**21}}, budget=2**22)
+    assert left.get_ylabel() == "MiB"
+    plots.timeline(right, {"activations": [0, 2**10, 0]}, ["forward", "forward", "backward"])
+    assert right.get_ylabel() == "live KiB"
+    with pytest.raises(ValueError, match="breakdowns is empty"):
+        plots.stacked_bars(left, {})
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
+    plots.show(fig)
+    assert len(shown) == 1 and not plt.fignum_exists(fig.number)  # displayed once, then closed
