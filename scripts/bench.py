@@ -1,12 +1,20 @@
 """Execute every lesson notebook and report its wall time and peak memory.
 
-Usage: python scripts/bench.py [--cells] [--images DIR] [--out bench.json] [NOTEBOOK ...]
+Usage: python scripts/bench.py [--cells] [--images DIR] [--out bench.json] [--no-widgets]
+                               [--widgets-only] [NOTEBOOK ...]
 
 Each notebook runs in a fresh kernel, in its own subprocess, so that the peak
 resident memory (max RSS of the kernel process) belongs to that notebook alone.
 This is a benchmark, not a test: it prints and saves numbers and fails only if
 a notebook fails to execute. `--cells` also prints the slowest cells;
 `--images DIR` saves every PNG the notebooks displayed (reference figures).
+
+After the notebooks it times every lesson widget (each helper module's
+`widget_latency_cases`, found by `helpers.widgets.discover_widget_cases`): one
+warm-up call, then a timed call per case, in a fresh subprocess, at the lessons'
+device and scale. It prints them slowest first and saves them under "widgets".
+`--no-widgets` skips that step; `--widgets-only` runs only that step. A widget
+that raises is reported as FAILED but does not change the exit status.
 """
 
 from __future__ import annotations
@@ -40,8 +48,8 @@ def save_images(nb, stem: str, folder: Path) -> int:  # noqa: ANN001
     return count
 
 
-def run_one(path: Path, cells: bool, images: Path | None = None) -> dict:
-    """Execute one notebook (in this process) and return its timings."""
+def run_one(path: Path, cells: bool, images: Path | None = None, executed: Path | None = None) -> dict:
+    """Execute one notebook (in this process) and return its timings; `executed`: save it there."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -65,9 +73,50 @@ def run_one(path: Path, cells: bool, images: Path | None = None) -> dict:
     result = {"notebook": path.name, "seconds": round(seconds, 1), "peak_rss_mib": round(peak_kib / 1024)}
     if images is not None:
         result["images"] = save_images(nb, path.stem, images)
+    if executed is not None:
+        executed.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, executed / path.name)
     if cells:
         result["slowest_cells"] = sorted(per_cell, key=lambda c: -c[1])[:5]
     return result
+
+
+def run_widgets() -> dict:
+    """Time every widget case (in this process) at the lessons' device and scale."""
+    from helpers.device import lesson_scale, pick_device
+    from helpers.widgets import LIMIT_S, latency_table, time_all_cases
+
+    device = pick_device()
+    scale = lesson_scale(device)
+    timings = time_all_cases(scale, device, progress=lambda m: print(f"  timing {m} ...", file=sys.stderr,
+                                                                     flush=True))
+    timed = sorted((t for t in timings if t.seconds is not None), key=lambda t: -t.seconds)
+    return {
+        "device": str(device),
+        "scale": scale,
+        "limit_s": LIMIT_S,
+        "table": latency_table(timings),
+        "cases": [{"case": t.name, "seconds": None if t.seconds is None else round(t.seconds, 3),
+                   "error": t.error} for t in timings],
+        "slowest": {"case": timed[0].name, "seconds": round(timed[0].seconds, 3)} if timed else None,
+        "failed": [t.name for t in timings if t.seconds is None],
+    }
+
+
+def bench_widgets(env: dict[str, str]) -> dict:
+    """Run `run_widgets` in a fresh subprocess, print its table and return its summary."""
+    print("\nwidgets: one slider move each (a warm-up call, then a timed call)")
+    sys.stdout.flush()
+    proc = subprocess.run([sys.executable, __file__, "--widgets-child"], stdout=subprocess.PIPE, text=True,
+                          env=env, cwd=ROOT)  # its progress and errors go straight to stderr
+    if proc.returncode != 0:
+        print(f"   FAILED (exit status {proc.returncode}; its error is above)")
+        return {"error": f"exit status {proc.returncode}"}
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"(device {summary['device']}, scale {summary['scale']}; shown, not asserted: "
+          f"tests/test_widgets.py asserts <= {summary['limit_s']:g} s at the small scale on CPU)")
+    print(summary["table"])
+    return summary
 
 
 def main() -> int:
@@ -76,21 +125,36 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench.json")
     parser.add_argument("--cells", action="store_true", help="also list the slowest cells")
     parser.add_argument("--images", type=Path, help="save displayed PNGs into this folder")
+    parser.add_argument("--executed", type=Path, help="save each executed notebook (with outputs) here")
+    parser.add_argument("--no-widgets", action="store_true", help="do not time the lesson widgets")
+    parser.add_argument("--widgets-only", action="store_true", help="only time the lesson widgets")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # internal: child mode
+    parser.add_argument("--widgets-child", action="store_true", help=argparse.SUPPRESS)  # internal
     args = parser.parse_args()
+    if args.no_widgets and args.widgets_only:
+        parser.error("--no-widgets and --widgets-only contradict each other")
+    if args.widgets_child:
+        sys.path.insert(0, str(ROOT))
+        print(json.dumps(run_widgets()))
+        return 0
     if args.one:
         images = args.images.resolve() if args.images else None
-        print(json.dumps(run_one(args.one, args.cells, images)))
+        executed = args.executed.resolve() if args.executed else None
+        print(json.dumps(run_one(args.one, args.cells, images, executed)))
         return 0
 
-    notebooks = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    notebooks = [] if args.widgets_only else (
+        args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
     env = {**os.environ, "MPLBACKEND": "Agg"}
     results, failed = [], []
-    print(f"{'notebook':<40}{'seconds':>9}{'peak RSS':>11}")
+    if notebooks:
+        print(f"{'notebook':<40}{'seconds':>9}{'peak RSS':>11}")
     for nb in notebooks:
         cmd = [sys.executable, __file__, "--one", str(nb.resolve())] + (["--cells"] if args.cells else [])
         if args.images:
             cmd += ["--images", str(args.images.resolve())]
+        if args.executed:
+            cmd += ["--executed", str(args.executed.resolve())]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             failed.append(nb.name)
@@ -102,6 +166,7 @@ def main() -> int:
         print(f"{res['notebook']:<40}{res['seconds']:>8.1f}s{res['peak_rss_mib']:>7} MiB{flag}")
         for i, sec, src in res.get("slowest_cells", []):
             print(f"    cell {i:>3}: {sec:6.1f}s  {src}")
+    widgets = None if args.no_widgets else bench_widgets(env)
     summary = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
         "scale": os.environ.get("LESSONS_SCALE", "default (small on CPU, full on CUDA)"),
@@ -109,6 +174,8 @@ def main() -> int:
         "results": results,
         "failed": failed,
     }
+    if widgets is not None:
+        summary["widgets"] = widgets
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"saved {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
     return 1 if failed else 0
