@@ -52,7 +52,7 @@ define matrix_run
 	$(3) $(MATRIX)/$(1)/bin/python -m pip install -q --upgrade pip
 	$(3) $(MATRIX)/$(1)/bin/python -m pip install -q '$(2)' -e '.[dev,lab]'
 	$(MATRIX)/$(1)/bin/python -c "import torch; print('== $(1): torch', torch.__version__)"
-	$(HEADLESS) $(MATRIX)/$(1)/bin/python -m pytest -q -p no:cacheprovider -m 'not slow' tests
+	$(HEADLESS) $(MATRIX)/$(1)/bin/python -m pytest -q -p no:cacheprovider -m 'not slow and not browser' tests
 	$(HEADLESS) LESSONS_STRICT=1 $(MATRIX)/$(1)/bin/python -m pytest -q -p no:cacheprovider $(NBVAL) notebooks/
 endef
 

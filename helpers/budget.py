@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,28 +36,30 @@ from helpers.checks import (
     callable_arg,
     choice,
     instance_arg,
-    int_at_least,
     non_negative_number,
     positive_int,
     positive_number,
 )
 from helpers.data import token_batch
 from helpers.device import SCALES
-from helpers.memory import StepMemory, measure_step, run_or_oom
-from helpers.models import GPT, BlockWrapper, GPTConfig, device_of, explainer_config, explainer_model
-from helpers.training import OPTIMIZERS, lm_loss, make_optimizer
+from helpers.memory import StepMemory, run_or_oom
+from helpers.models import GPT, explainer_config, explainer_model
+from helpers.training import lm_loss
+from helpers.updates import (
+    BUDGET_LABEL,
+    FP32,
+    activation_bytes_per_example,
+    measure_config,
+    measure_update,
+    param_counts,
+    predicted_update_peak_bytes,
+)
 
 __all__ = [
-    "BUDGET_LABEL",
     "EXPLAINER_INPUTS",
     "GB",
     "BudgetRow",
-    "ConfigMemory",
     "LessonSizes",
-    "LinearFit",
-    "activation_bytes_per_example",
-    "activation_sweep",
-    "breakdown_for",
     "budget_row",
     "check_exercise_1",
     "check_exercise_2",
@@ -65,22 +67,16 @@ __all__ = [
     "drawn_budget",
     "explainer_table",
     "lesson_sizes",
-    "linear_fit",
-    "measure_config",
-    "measure_update",
     "origin_group",
-    "plot_measured_table",
     "plot_peak_vs_steps",
     "plot_saved_by_origin",
     "predicted_peak_bytes",
-    "predicted_update_peak_bytes",
     "saved_tensor_bytes",
     "show_update",
     "widget_latency_cases",
 ]
 
 GB = 1e9  # the explainer speaks in decimal gigabytes
-FP32 = 4  # bytes per float32 element
 
 # The explainer's profile of a 24 GB GPU (decimal GB).
 EXPLAINER_INPUTS = {
@@ -183,72 +179,6 @@ def lesson_sizes(scale: str) -> LessonSizes:
     return _SIZES[choice("scale", scale, SCALES)]
 
 
-def _batch(model: GPT, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    cfg = model.cfg
-    return token_batch(n, cfg.seq_len, cfg.vocab_size, seed=seed, device=device_of(model))
-
-
-# -- formulas the lesson checks against measurement ------------------------------------------
-def _check_formula_config(cfg: GPTConfig) -> None:
-    instance_arg("cfg", cfg, GPTConfig, "helpers.models.GPTConfig")
-    if cfg.dropout != 0.0 or cfg.fused_attention:
-        raise ValueError(
-            "the formula covers the lesson's model only: dropout=0.0 and fused_attention=False, "
-            f"got dropout={cfg.dropout}, fused_attention={cfg.fused_attention}"
-        )
-
-
-def activation_bytes_per_example(cfg: GPTConfig) -> int:
-    """Float32 bytes autograd saves per example for one forward of the lesson's GPT.
-
-    With s = sequence, h = d_model, a = heads, L = layers, V = vocabulary, in
-    elements: L(16sh + as^2) + 2sh + 2(2L + 1)s + sV. Per block: LayerNorm inputs
-    (2sh) and outputs (2sh), copies of q, k, v and of the attention output (4sh),
-    the softmax output (as^2), the MLP's first Linear output (4sh) and GELU output
-    (4sh). Then the last LayerNorm's input and output (2sh), every LayerNorm's
-    mean and 1/std (2s each) and the log-softmax of the loss (sV). Only for
-    `dropout=0` and the written-out attention (the lesson's model).
-    """
-    _check_formula_config(cfg)
-    s, h, a, n, v = cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.vocab_size
-    elements = n * (16 * s * h + a * s * s) + 2 * s * h + 2 * (2 * n + 1) * s + s * v
-    return FP32 * elements
-
-
-def _param_counts(cfg: GPTConfig) -> tuple[int, int]:
-    """(parameter elements, parameter tensors) of GPT(cfg), built on the meta device (no memory)."""
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):
-        model = GPT(cfg)
-    params = list(model.parameters())
-    return sum(p.numel() for p in params), len(params)
-
-
-def predicted_update_peak_bytes(cfg: GPTConfig, micro_batch: int, *, optimizer: str = "adam",
-                                steps: int = 2) -> int:
-    """Predicted peak of one accumulation update of `steps` micro-batches (float32, CPU tracker).
-
-    The peak comes at the start of the last micro-step's backward: parameters,
-    gradients (alive from the second micro-step on), optimizer state (Adam:
-    two moments plus a 4-byte step counter per parameter tensor), the micro-batch's
-    activations (`activation_bytes_per_example`), and, as "other", the gradient of
-    the logits and of their log-softmax (2 sV floats per example) and the causal
-    masks (L s^2 bytes). On a GPU the caching allocator adds rounding, and Adam's
-    step counters live on the CPU.
-    """
-    positive_int("micro_batch", micro_batch)
-    positive_int("steps", steps)
-    choice("optimizer", optimizer, OPTIMIZERS)
-    _check_formula_config(cfg)
-    n_elements, n_tensors = _param_counts(cfg)
-    p = FP32 * n_elements
-    state = 2 * p + FP32 * n_tensors if optimizer == "adam" else 0
-    grads = p if steps >= 2 else 0
-    s, v = cfg.seq_len, cfg.vocab_size
-    per_example = activation_bytes_per_example(cfg) + 2 * FP32 * s * v
-    fixed = 8 * s + 2 * FP32 + cfg.n_layers * s * s  # positions (int64), loss scalars, causal masks
-    return p + grads + state + micro_batch * per_example + fixed
-
-
 def predicted_peak_bytes(scale: str) -> int:
     """Predicted peak of lesson 01's largest experiment at `scale`, in bytes.
 
@@ -261,90 +191,6 @@ def predicted_peak_bytes(scale: str) -> int:
     sizes = lesson_sizes(scale)
     largest = max(*sizes.micro_batches, sizes.max_micro_batch, 8)
     return predicted_update_peak_bytes(explainer_config(scale), largest, optimizer="adam", steps=2)
-
-
-# -- measured rows -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ConfigMemory:
-    """A measured row: one accumulation update of `steps` micro-batches of `micro_batch`."""
-
-    micro_batch: int
-    steps: int
-    peak_bytes: int
-    activations_bytes: int
-    floor_bytes: int
-    other_bytes: int
-    method: str
-
-    @property
-    def effective_batch(self) -> int:
-        """Examples per optimizer update: micro-batch x steps."""
-        return self.micro_batch * self.steps
-
-
-def measure_update(
-    model: GPT, *, micro_batch: int, steps: int, optimizer: str = "adam",
-    block_wrapper: BlockWrapper | None = None, seed: int = 0, max_micro_steps: int | None = None,
-) -> StepMemory:
-    """Measure one accumulation update of `steps` micro-batches of `micro_batch` examples.
-
-    A first, unmeasured update of one micro-step creates the optimizer state,
-    as in steady training. The measured update then runs `steps` forward/backward
-    passes on `loss / steps`, followed by one optimizer step, so from the second
-    micro-step on the gradients are alive next to the activations.
-    `block_wrapper` (for example a checkpoint call) is set on the model for the
-    duration.
-
-    `max_micro_steps` (>= 2) runs only that many of the `steps` micro-steps. Every
-    micro-step from the second on holds the same memory (same shapes, gradients
-    already alive), so the peak of the whole update is the peak of its first two
-    micro-steps and the optimizer step; lesson 01 checks this before its widget
-    relies on it.
-    """
-    positive_int("micro_batch", micro_batch)
-    positive_int("steps", steps)
-    if max_micro_steps is not None:  # >= 2: the steady state starts at the second micro-step
-        int_at_least("max_micro_steps", max_micro_steps, 2)
-    opt = make_optimizer(optimizer, model)
-    real_steps = steps if max_micro_steps is None else min(steps, max_micro_steps)
-    batches = [_batch(model, micro_batch, seed + i) for i in range(real_steps)]
-    previous, model.block_wrapper = model.block_wrapper, block_wrapper
-
-    def update(micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        opt.zero_grad(set_to_none=True)
-        for idx, targets in micro_batches:
-            (lm_loss(model(idx), targets) / steps).backward()
-        opt.step()
-
-    try:
-        update(batches[:1])  # warm-up: optimizer state now exists
-        return measure_step(lambda: update(batches), model=model, optimizer=opt)
-    finally:
-        model.block_wrapper = previous
-        opt.zero_grad(set_to_none=True)
-
-
-def measure_config(
-    model: GPT, *, micro_batch: int, steps: int, optimizer: str = "adam",
-    block_wrapper: BlockWrapper | None = None, seed: int = 0, max_micro_steps: int | None = None,
-) -> ConfigMemory:
-    """`measure_update` summarised as a row of the explainer's table."""
-    mem = measure_update(model, micro_batch=micro_batch, steps=steps, optimizer=optimizer,
-                         block_wrapper=block_wrapper, seed=seed, max_micro_steps=max_micro_steps)
-    b = mem.breakdown
-    return ConfigMemory(micro_batch, steps, mem.peak_bytes, b["activations"], mem.floor_bytes,
-                        b["other"], mem.method)
-
-
-def breakdown_for(model: GPT, micro_batch: int, optimizer: str = "adam") -> StepMemory | None:
-    """Peak breakdown of a two-micro-step update at `micro_batch`, or None on CUDA OOM.
-
-    This is the pure function behind lesson 01's sweep.
-    """
-    return run_or_oom(lambda: measure_update(model, micro_batch=micro_batch, steps=2, optimizer=optimizer))
-
-
-BUDGET_LABEL = "24 GB budget, scaled (drawn)"
 
 
 def show_update(model: GPT, micro_batch: int, steps: int, optimizer: str, budget: float | None) -> None:
@@ -373,67 +219,6 @@ def show_update(model: GPT, micro_batch: int, steps: int, optimizer: str, budget
                        budget_label=BUDGET_LABEL,
                        title=f"{optimizer}: one update, {effective}")
     ax.title.set_fontsize(9)
-    plots.show(fig)
-
-
-def activation_sweep(
-    model: GPT, micro_batches: Sequence[int], optimizer: str = "adam", progress: bool = True
-) -> dict[int, StepMemory | None]:
-    """`breakdown_for` at each micro-batch size, with a progress bar (None marks an OOM)."""
-    if len(micro_batches) < 2:
-        raise ValueError(f"need at least two micro-batch sizes, got {list(micro_batches)}")
-    from tqdm.auto import tqdm
-
-    sizes = tqdm(micro_batches, desc="micro-batch sweep", disable=not progress)
-    return {b: breakdown_for(model, b, optimizer) for b in sizes}
-
-
-@dataclass(frozen=True)
-class LinearFit:
-    """y = slope * x + intercept, with its coefficient of determination."""
-
-    slope: float
-    intercept: float
-    r2: float
-
-
-def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> LinearFit:
-    """Least-squares line through (xs, ys) and its R^2."""
-    if len(xs) != len(ys) or len(xs) < 2:
-        raise ValueError(f"need two equal-length sequences of >= 2 points, got {len(xs)}, {len(ys)}")
-    x = torch.tensor(xs, dtype=torch.float64)
-    y = torch.tensor(ys, dtype=torch.float64)
-    xm, ym = x.mean(), y.mean()
-    sxx = ((x - xm) ** 2).sum()
-    if sxx == 0:
-        raise ValueError("xs are all equal; a line needs at least two distinct x values")
-    slope = ((x - xm) * (y - ym)).sum() / sxx
-    intercept = ym - slope * xm
-    ss_res = ((y - (slope * x + intercept)) ** 2).sum()
-    ss_tot = ((y - ym) ** 2).sum()
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
-    return LinearFit(float(slope), float(intercept), float(r2))
-
-
-def plot_measured_table(rows: Sequence[ConfigMemory], labels: Sequence[str] | None = None,
-                        budget: float | None = None, *, budget_label: str = BUDGET_LABEL) -> None:
-    """Stacked bars (floor, activations, other) of measured rows, with an optional budget line."""
-    if not rows:
-        raise ValueError("rows is empty: measure at least one configuration")
-    labels = list(labels) if labels is not None else [f"{r.micro_batch} x {r.steps}" for r in rows]
-    if len(labels) != len(rows):
-        raise ValueError(f"got {len(labels)} labels for {len(rows)} rows")
-    data = {
-        label: {
-            "parameters + gradients + optimizer_state": r.floor_bytes,
-            "activations": r.activations_bytes,
-            "other": r.other_bytes,
-        }
-        for label, r in zip(labels, rows, strict=True)
-    }
-    fig, (ax,) = plots.figure(width=7.5, height=3.4)
-    plots.stacked_bars(ax, data, budget=budget, budget_label=budget_label,
-                       title=f"Measured peak per configuration ({rows[0].method})")
     plots.show(fig)
 
 
@@ -580,7 +365,7 @@ def check_exercise_1(floor_bytes: object = None, per_example_bytes: object = Non
     a hint; never raises for a wrong answer.
     """
     cfg = dataclasses.replace(explainer_config("small"), d_model=128)
-    n_elements, n_tensors = _param_counts(cfg)
+    n_elements, n_tensors = param_counts(cfg)
     floor = 4 * FP32 * n_elements + FP32 * n_tensors
     per_example = activation_bytes_per_example(cfg)
     lines = []

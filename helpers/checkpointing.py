@@ -38,7 +38,6 @@ from torch.utils.checkpoint import (
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import plots
-from helpers.budget import measure_update
 from helpers.checks import (
     answer_number,
     bool_arg,
@@ -73,6 +72,7 @@ from helpers.saved_tensors import (
     saved_tensor_table,
 )
 from helpers.training import OPTIMIZERS, lm_loss
+from helpers.updates import measure_update
 
 __all__ = [
     "CHAIN_KINDS", "CHAIN_LENGTHS", "POLICIES", "QUADRATIC_TERMS", "REFERENCE_ROWS", "WIDGET_MAX_STEPS",
@@ -436,7 +436,7 @@ def predicted_peak_bytes(scale: str) -> int:
 class TradeOff:
     """One configuration: micro-batch B, K accumulation steps, with or without checkpointing.
 
-    Memory comes from a measured update (`helpers.budget.measure_update`), FLOPs
+    Memory comes from a measured update (`helpers.updates.measure_update`), FLOPs
     from FlopCounterMode on one micro-step times K, time from interleaved
     micro-step timings times K (shown, not asserted).
     """

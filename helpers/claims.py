@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from helpers import accumulation as acc
-from helpers import budget, checkpointing, pitfalls, tokens
+from helpers import checkpointing, pitfalls, tokens, updates
 from helpers.accumulation_lab import micro_step_memory
 from helpers.data import regression_batch, token_batch
 from helpers.memory import new_live_bytes, record_timeline, saved_activation_bytes
@@ -146,12 +146,12 @@ def _c_adam_state(lab: Lab) -> Evidence:
 
 
 def _sweep(lab: Lab) -> dict[int, object]:
-    return lab.once("sweep", lambda: budget.activation_sweep(lab.model, [1, 2, 4], progress=False))
+    return lab.once("sweep", lambda: updates.activation_sweep(lab.model, [1, 2, 4], progress=False))
 
 
 def _c_linear(lab: Lab) -> Evidence:
     sweep = _sweep(lab)
-    fit = budget.linear_fit(list(sweep), [m.breakdown["activations"] for m in sweep.values()])
+    fit = updates.linear_fit(list(sweep), [m.breakdown["activations"] for m in sweep.values()])
     return Evidence(fit.r2 >= 0.99 and fit.slope > 0, fit.r2, "R²",
                     f"activations = {_gib(fit.slope)} per example + {_gib(fit.intercept)}")
 
@@ -164,20 +164,20 @@ def _c_floor(lab: Lab) -> Evidence:
 
 
 def _c_peak_one_micro_batch(lab: Lab) -> Evidence:
-    k2 = budget.measure_config(lab.model, micro_batch=4, steps=2)
-    k4 = budget.measure_config(lab.model, micro_batch=4, steps=4)
+    k2 = updates.measure_config(lab.model, micro_batch=4, steps=2)
+    k4 = updates.measure_config(lab.model, micro_batch=4, steps=4)
     ratio = k4.peak_bytes / k2.peak_bytes
     return Evidence(abs(ratio - 1) <= 0.01, ratio, "peak(K=4) / peak(K=2)",
                     f"micro-batch 4: peak {_gib(k2.peak_bytes)} at K=2, {_gib(k4.peak_bytes)} at K=4")
 
 
-def _rows(lab: Lab) -> list[budget.ConfigMemory]:
+def _rows(lab: Lab) -> list[updates.ConfigMemory]:
     """The explainer's three rows (8x4, 4x8, 4x8 checkpointed), measured once per ledger run."""
     wrapper = checkpointing.make_block_wrapper("full")
     return lab.once("rows", lambda: [
-        budget.measure_config(lab.model, micro_batch=8, steps=4),
-        budget.measure_config(lab.model, micro_batch=4, steps=8),
-        budget.measure_config(lab.model, micro_batch=4, steps=8, block_wrapper=wrapper)])
+        updates.measure_config(lab.model, micro_batch=8, steps=4),
+        updates.measure_config(lab.model, micro_batch=4, steps=8),
+        updates.measure_config(lab.model, micro_batch=4, steps=8, block_wrapper=wrapper)])
 
 
 def _c_smaller_micro_batch(lab: Lab) -> Evidence:

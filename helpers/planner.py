@@ -24,10 +24,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from helpers.budget import linear_fit
 from helpers.checks import callable_arg, positive_int, positive_number
 from helpers.models import GPTConfig
 from helpers.saved_tensors import korthikanti_terms
+from helpers.updates import linear_fit
 
 __all__ = [
     "GB",

@@ -37,8 +37,8 @@ from helpers.training import lm_loss
 
 __all__ = [
     "CLAIMS", "EXERCISES", "QUIZ", "Claim", "Evidence", "Feedback", "Lab", "Ledger", "Question", "Row",
-    "check_answer", "check_exercise", "explore_accumulation", "followup_answers", "format_table",
-    "interview_answer", "main", "predicted_peak_bytes", "quiz_widget", "readme_block", "run_check",
+    "accumulation_check", "check_answer", "check_exercise", "explore_accumulation", "followup_answers",
+    "format_table", "interview_answer", "main", "predicted_peak_bytes", "quiz_widget", "readme_block", "run_check",
     "run_ledger", "to_markdown", "widget_latency_cases", "write_readme",
 ]
 
@@ -368,25 +368,30 @@ def write_readme(ledger: Ledger, path: str) -> None:
 
 
 # -- widget: the accumulation claims at your own B and K ---------------------------------
-def explore_accumulation(micro_batch: int, steps: int, lab: Lab | None = None) -> dict[str, float]:
-    """Re-check C13 and C14 at micro-batch size B and K steps; draw and return the numbers."""
-    from helpers import plots
-
+def accumulation_check(micro_batch: int, steps: int, lab: Lab) -> tuple[acc.GradDiff, acc.GradDiff]:
+    """C13 and C14 at micro-batch size B and K steps: (loss / K vs full batch, no / K vs full batch)."""
     micro_batch, steps = positive_int("micro_batch", micro_batch), positive_int("steps", steps)
-    lab = lab or Lab(pick_device())
     x, y = lab.tokens(micro_batch * steps, seed=1)
     full = acc.full_batch_grad(lab.model, lm_loss, x, y)
     scaled = acc.compare_grads(full, acc.accumulated_grad(lab.model, lm_loss, x, y, micro_batch))
     raw = acc.compare_grads(full, acc.accumulated_grad(lab.model, lm_loss, x, y, micro_batch, scale=False))
+    return scaled, raw
+
+
+def explore_accumulation(micro_batch: int, steps: int, lab: Lab | None = None) -> None:
+    """Lesson 08's widget: re-check C13 and C14 at micro-batch size B and K steps, and draw them."""
+    from helpers import plots
+
+    scaled, raw = accumulation_check(micro_batch, steps, lab or Lab(pick_device()))
+    effective = f"effective batch B x K = {micro_batch} x {steps} = {micro_batch * steps}"
+    print(effective)
     fig, (ax,) = plots.figure(width=6, height=2.8)
     ax.bar(["loss / K", "no / K"], [scaled.norm_ratio, raw.norm_ratio], color=["#55A868", "#C44E52"])
     ax.axhline(1.0, color="k", lw=1)
-    ax.set(ylabel="norm / full-batch norm",
-           title=f"effective batch B x K = {micro_batch} x {steps} = {micro_batch * steps}")
+    ax.set(ylabel="norm / full-batch norm", title=effective)
     plots.show(fig)
     print(f"loss / K: max relative difference {scaled.max_rel:.1e} (C13); "
           f"no / K: norm ratio {raw.norm_ratio:.3f} = K (C14)")
-    return {"max_rel": scaled.max_rel, "norm_ratio_unscaled": raw.norm_ratio}
 
 
 def predicted_peak_bytes(scale: str) -> int:

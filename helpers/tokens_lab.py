@@ -23,8 +23,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from helpers import plots
-from helpers.accumulation import clear_grads, compare_grads, flat_grad
-from helpers.budget import activation_bytes_per_example
+from helpers.accumulation import cleared_grads, compare_grads, flat_grad
 from helpers.checks import choice, number_in_range, positive_int
 from helpers.device import SCALES
 from helpers.models import GPT, GPTConfig
@@ -39,6 +38,7 @@ from helpers.tokens import (
     variable_length_sequences,
 )
 from helpers.training import lm_loss
+from helpers.updates import activation_bytes_per_example
 
 __all__ = [
     "ERROR_FLOOR",
@@ -318,22 +318,20 @@ def check_exercise_4(loss_fn: object) -> str:
     samples = variable_length_sequences(8, 12, 16, spread=1.0, seed=11)
     full = pad_sequences(samples)
     try:
-        clear_grads(model)
-        tok = lm_loss(model(full.input_ids), full.labels, reduction="none").view(full.labels.shape)
-        valid = (full.labels != IGNORE_INDEX).sum(1)
-        (tok.sum(1) / valid).mean().backward()
-        reference = flat_grad(model)
-        clear_grads(model)
-        for mb in split_micro_batches(samples, 2):
-            loss = loss_fn(model(mb.input_ids), mb.labels, len(samples))
-            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                return "Your function must return a scalar tensor (one number) for one micro-batch."
-            loss.backward()
-        diff = compare_grads(reference, flat_grad(model))
+        with cleared_grads(model):
+            tok = lm_loss(model(full.input_ids), full.labels, reduction="none").view(full.labels.shape)
+            valid = (full.labels != IGNORE_INDEX).sum(1)
+            (tok.sum(1) / valid).mean().backward()
+            reference = flat_grad(model)
+        with cleared_grads(model):
+            for mb in split_micro_batches(samples, 2):
+                loss = loss_fn(model(mb.input_ids), mb.labels, len(samples))
+                if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                    return "Your function must return a scalar tensor (one number) for one micro-batch."
+                loss.backward()
+            diff = compare_grads(reference, flat_grad(model))
     except Exception as exc:  # noqa: BLE001 - a learner's bug becomes a hint, never an error
         return f"Your function raised {type(exc).__name__}: {exc}"
-    finally:
-        clear_grads(model)
     if diff.max_rel <= TOLERANCE:
         return (f"Correct: max_rel {diff.max_rel:.1e}. Each sequence's token mean, summed over "
                 "the micro-batch and divided by the group's number of sequences: the sequence "
@@ -354,7 +352,7 @@ def predicted_step_peak_bytes(cfg: GPTConfig, n_seqs: int) -> int:
 
     16 bytes per parameter (weights, gradients, two Adam moments) plus, per
     sequence, lesson 01's validated activation formula
-    (`helpers.budget.activation_bytes_per_example`) and the logits' gradient and
+    (`helpers.updates.activation_bytes_per_example`) and the logits' gradient and
     log-softmax gradient (2 sV floats). Padded batches are at most this long, so
     this bounds lesson 05's steps; tests/test_tokens.py checks it against the CPU
     tracker (`cpu-tracker`). Nothing is allocated.

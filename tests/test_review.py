@@ -124,3 +124,12 @@ def test_each_claim_cites_a_section_that_exists() -> None:
         (notebook,) = (ROOT / "notebooks").glob(f"{number}_*.ipynb")
         pattern = re.compile(rf"^## {section}\s*[.·]")
         assert any(pattern.match(h) for h in _headings(notebook)), (c.id, c.lesson, notebook.name)
+
+
+def test_explore_widget_prints_the_effective_batch_and_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    lab = review.Lab(torch.device("cpu"))
+    scaled, raw = review.accumulation_check(2, 3, lab)
+    assert scaled.max_rel <= 1e-4 and raw.norm_ratio == pytest.approx(3.0, rel=1e-3)
+    assert review.explore_accumulation(2, 3, lab) is None
+    out = capsys.readouterr().out
+    assert "effective batch B x K = 2 x 3 = 6" in out and "3.000 = K" in out
