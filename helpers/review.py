@@ -38,8 +38,8 @@ from helpers.training import lm_loss
 __all__ = [
     "CLAIMS", "EXERCISES", "QUIZ", "Claim", "Evidence", "Feedback", "Lab", "Ledger", "Question", "Row",
     "accumulation_check", "check_answer", "check_exercise", "explore_accumulation", "followup_answers",
-    "format_table", "interview_answer", "main", "predicted_peak_bytes", "quiz_widget", "readme_block", "run_check",
-    "run_ledger", "to_markdown", "widget_latency_cases", "write_readme",
+    "format_table", "interview_answer", "main", "predicted_peak_bytes", "quiz_widget", "readme_block",
+    "run_check", "run_ledger", "to_markdown", "widget_latency_cases", "write_readme",
 ]
 
 
