@@ -167,7 +167,7 @@ class LessonSizes:
 
 
 _SIZES = {
-    "tiny": LessonSizes((2, 3, 4, 5, 6), 8, 8),  # at B = 1 the tiny model peaks in the optimizer step
+    "tiny": LessonSizes((3, 4, 5, 6, 8), 8, 8),  # at B <= 2 the tiny model peaks in the optimizer step
     "small": LessonSizes((1, 2, 4, 8, 16), 16, 16),
     "medium": LessonSizes((1, 2, 4, 8, 16), 16, 16),
     "full": LessonSizes((1, 2, 4, 8, 12), 12, 16),
