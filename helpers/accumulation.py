@@ -1,4 +1,4 @@
-"""Gradient accumulation, measured: gradients as flat vectors, and how they compare.
+"""Gradients as flat vectors, and how two of them compare (core; lessons 03, 04, 05 and 07).
 
 The public API (other lessons rely on these names):
 
@@ -8,10 +8,18 @@ The public API (other lessons rely on these names):
 - `accumulated_grad(model, loss_fn, inputs, targets, micro_batch, *, scale=True)`:
   the same batch cut into micro-batches, one backward per micro-batch, the
   gradients summed in `.grad`.
-- `compare_grads(reference, candidate)`: how far apart two gradients are.
+- `compare_grads(reference, candidate)`: how far apart two gradients are, as a
+  `GradDiff`. Two relative errors, which differ: `max_rel` (max relative: the
+  largest elementwise difference over the largest reference entry) and
+  `l2_rel` (L2 relative: ||candidate - reference|| / ||reference||).
+- `cleared_grads(model)`: a context manager that sets `.grad` to None on entry
+  and on exit, the pattern every gradient function here follows.
+- `trainable_params`, `check_batch`, `check_micro_batch`, `micro_batch_sizes`:
+  the argument checks the gradient functions share, public for the lessons'
+  instruments.
 
-The lesson's instruments and widgets (memory per micro-step, throughput,
-plots) live in `helpers.accumulation_lab`.
+Lesson 03's instruments and widgets (memory per micro-step, throughput, plots)
+live in `helpers.accumulation_lab`; lesson 04's pitfalls in `helpers.pitfalls`.
 
 Rules shared by the gradient functions:
 
@@ -30,50 +38,47 @@ Rules shared by the gradient functions:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from helpers.checks import instance_arg, positive_int, tensor_arg
+
+__all__ = [
+    "GradDiff",
+    "LossFn",
+    "accumulated_grad",
+    "check_batch",
+    "check_micro_batch",
+    "clear_grads",
+    "cleared_grads",
+    "compare_grads",
+    "flat_grad",
+    "full_batch_grad",
+    "micro_batch_sizes",
+    "trainable_params",
+]
+
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-# -- the public API ------------------------------------------------------------------
-def _trainable(model: nn.Module) -> list[nn.Parameter]:
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+# -- argument checks shared by the gradient functions ---------------------------------
+def trainable_params(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters of `model` that require grad; raises if `model` is no Module or has none."""
+    instance_arg("model", model, nn.Module, "torch.nn.Module")
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("model has no parameters that require grad; nothing to differentiate")
     return params
 
 
-def clear_grads(model: nn.Module) -> None:
-    """Set every parameter's `.grad` to None (what `zero_grad(set_to_none=True)` does)."""
-    for p in model.parameters():
-        p.grad = None
-
-
-def flat_grad(model: nn.Module) -> torch.Tensor:
-    """All parameters' gradients as one detached 1-D tensor (a copy).
-
-    Parameters that require grad but have `.grad is None` contribute zeros, so
-    the vector always has the same length for the same model. Reads `.grad`
-    only; it does not change it.
-    """
-    params = _trainable(model)
-    parts = [
-        (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
-        for p in params
-    ]
-    return torch.cat(parts).clone()
-
-
-def _check_batch(inputs: torch.Tensor, targets: torch.Tensor) -> int:
+def check_batch(inputs: torch.Tensor, targets: torch.Tensor) -> int:
+    """Check that `inputs` and `targets` are a non-empty batch of equal length; return its length."""
     for name, t in (("inputs", inputs), ("targets", targets)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        tensor_arg(name, t)
         if t.dim() == 0:
             raise ValueError(f"{name} must have a batch dimension, got a 0-d tensor")
     n = inputs.shape[0]
@@ -87,6 +92,65 @@ def _check_batch(inputs: torch.Tensor, targets: torch.Tensor) -> int:
     return n
 
 
+def check_micro_batch(micro_batch: int, n: int) -> int:
+    """Check 1 <= `micro_batch` <= `n` (an int, not a bool); return it."""
+    positive_int("micro_batch", micro_batch)
+    if micro_batch > n:
+        raise ValueError(
+            f"micro_batch={micro_batch} is larger than the batch ({n} examples); "
+            f"choose 1 <= micro_batch <= {n}"
+        )
+    return micro_batch
+
+
+def micro_batch_sizes(n: int, micro_batch: int) -> list[int]:
+    """Sizes of the micro-batches that cut `n` examples into pieces of `micro_batch`.
+
+    The last piece is smaller when `micro_batch` does not divide `n`.
+    """
+    positive_int("n", n)
+    check_micro_batch(micro_batch, n)
+    sizes = [micro_batch] * (n // micro_batch)
+    return sizes + ([n % micro_batch] if n % micro_batch else [])
+
+
+# -- clearing and reading gradients ----------------------------------------------------
+def clear_grads(model: nn.Module) -> None:
+    """Set every parameter's `.grad` to None (what `zero_grad(set_to_none=True)` does)."""
+    for p in model.parameters():
+        p.grad = None
+
+
+@contextmanager
+def cleared_grads(model: nn.Module) -> Iterator[nn.Module]:
+    """Clear `model`'s gradients on entry and again on exit, also when the body raises.
+
+    ``with cleared_grads(model): loss.backward(); g = flat_grad(model)`` starts
+    from no gradients and leaves none behind.
+    """
+    clear_grads(model)
+    try:
+        yield model
+    finally:
+        clear_grads(model)
+
+
+def flat_grad(model: nn.Module) -> torch.Tensor:
+    """All parameters' gradients as one detached 1-D tensor (a copy).
+
+    Parameters that require grad but have `.grad is None` contribute zeros, so
+    the vector always has the same length for the same model. Reads `.grad`
+    only; it does not change it.
+    """
+    params = trainable_params(model)
+    parts = [
+        (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
+        for p in params
+    ]
+    return torch.cat(parts).clone()
+
+
+# -- the two ways to compute a batch's gradient ----------------------------------------
 def full_batch_grad(
     model: nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
@@ -96,38 +160,11 @@ def full_batch_grad(
     before and after (see the module docstring); the model's mode and the RNG
     are left alone.
     """
-    _trainable(model)
-    _check_batch(inputs, targets)
-    clear_grads(model)
-    try:
+    trainable_params(model)
+    check_batch(inputs, targets)
+    with cleared_grads(model):
         loss_fn(model(inputs), targets).backward()
         return flat_grad(model)
-    finally:
-        clear_grads(model)
-
-
-def micro_batch_sizes(n: int, micro_batch: int) -> list[int]:
-    """Sizes of the micro-batches that cut `n` examples into pieces of `micro_batch`.
-
-    The last piece is smaller when `micro_batch` does not divide `n`.
-    """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    _check_micro_batch(micro_batch, n)
-    sizes = [micro_batch] * (n // micro_batch)
-    return sizes + ([n % micro_batch] if n % micro_batch else [])
-
-
-def _check_micro_batch(micro_batch: int, n: int) -> None:
-    if not isinstance(micro_batch, int) or isinstance(micro_batch, bool):
-        raise ValueError(f"micro_batch must be an int, got {type(micro_batch).__name__}")
-    if micro_batch < 1:
-        raise ValueError(f"micro_batch must be at least 1, got {micro_batch}")
-    if micro_batch > n:
-        raise ValueError(
-            f"micro_batch={micro_batch} is larger than the batch ({n} examples); "
-            f"choose 1 <= micro_batch <= {n}"
-        )
 
 
 def accumulated_grad(
@@ -149,45 +186,46 @@ def accumulated_grad(
     the result is about K times the full-batch gradient.
 
     Raises `ValueError` for `micro_batch < 1`, `micro_batch > N`, empty inputs,
-    or inputs and targets of different lengths. Grads are cleared before and
-    after; the model's mode and the RNG are left alone.
+    or inputs and targets of different lengths (a `TypeError`, which is also a
+    `ValueError`, for a wrong type). Grads are cleared before and after; the
+    model's mode and the RNG are left alone.
     """
-    _trainable(model)
-    n = _check_batch(inputs, targets)
-    _check_micro_batch(micro_batch, n)
-    clear_grads(model)
-    try:
+    trainable_params(model)
+    n = check_batch(inputs, targets)
+    check_micro_batch(micro_batch, n)
+    with cleared_grads(model):
         for x, y in zip(inputs.split(micro_batch), targets.split(micro_batch), strict=True):
             loss = loss_fn(model(x), y)
             weight = x.shape[0] / n if scale else 1.0
             (loss * weight).backward()
         return flat_grad(model)
-    finally:
-        clear_grads(model)
 
 
+# -- comparing two gradients -------------------------------------------------------------
 @dataclass(frozen=True)
 class GradDiff:
-    """How a candidate gradient differs from a reference gradient.
+    """How a candidate gradient differs from a reference gradient (all computed in float64).
 
     - `max_abs`: largest absolute elementwise difference.
-    - `max_rel`: `max_abs` divided by the largest reference magnitude
-      (a relative error that does not blow up on near-zero entries).
+    - `max_rel` (max relative error): `max_abs` divided by the largest reference
+      magnitude (does not blow up on near-zero entries).
     - `norm_ratio`: ||candidate|| / ||reference|| (K for unscaled accumulation).
     - `cosine`: cosine of the angle between the two (1.0 = same direction).
+    - `l2_rel` (L2 relative error): ||candidate - reference|| / ||reference||
+      (0.0 = identical); the whole vector's error, where `max_rel` is the worst entry's.
     """
 
     max_abs: float
     max_rel: float
     norm_ratio: float
     cosine: float
+    l2_rel: float
 
 
 def compare_grads(reference: torch.Tensor, candidate: torch.Tensor) -> GradDiff:
     """Compare two flat gradients (computed in float64); see `GradDiff` for the fields."""
-    for name, t in (("reference", reference), ("candidate", candidate)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    tensor_arg("reference", reference)
+    tensor_arg("candidate", candidate)
     if reference.shape != candidate.shape:
         raise ValueError(
             f"reference and candidate must have the same shape, got {tuple(reference.shape)} "
@@ -198,7 +236,8 @@ def compare_grads(reference: torch.Tensor, candidate: torch.Tensor) -> GradDiff:
     ref_norm = ref.norm().item()
     if ref_norm == 0.0 or not math.isfinite(ref_norm):
         raise ValueError(f"reference gradient must be finite and non-zero, its norm is {ref_norm}")
-    max_abs = (cand - ref).abs().max().item()
+    diff = cand - ref
+    max_abs = diff.abs().max().item()
     cand_norm = cand.norm().item()
     cosine = (ref @ cand).item() / (ref_norm * cand_norm) if cand_norm > 0 else 0.0
     return GradDiff(
@@ -206,4 +245,5 @@ def compare_grads(reference: torch.Tensor, candidate: torch.Tensor) -> GradDiff:
         max_rel=max_abs / ref.abs().max().item(),
         norm_ratio=cand_norm / ref_norm,
         cosine=cosine,
+        l2_rel=diff.norm().item() / ref_norm,
     )

@@ -1,13 +1,13 @@
-"""Instruments and widgets for lesson 03 (gradient accumulation).
+"""Instruments and widgets for gradient accumulation (lesson 03).
 
 - `micro_step_memory(loop, model)`: live memory after each micro-step of a loop
-  written in the notebook, measured with `helpers.memory.MemoryTracker`.
-- `examples_per_second(...)`: throughput of one accumulated update.
+  written in the notebook, measured with `helpers.memory.MemoryTracker`
+  (labelled by `tracker_method(device)`).
 - `throughput_sweep(...)`: interleaved, warmed-up timings with their spread
   (shown, never asserted).
 - `group_gradient(...)`, `angle_degrees(...)`: the true gradient of a group at
   the current weights (without touching `.grad`), and the angle to another one.
-- `gradient_error(...)` / `show_gradient_error(...)` and
+- `gradient_error(...)` / `show_gradient_error(...)` (max relative error) and
   `show_micro_step_memory(...)`: the widgets' work.
 - `scatter_grads(...)`, `plot_micro_step_memory(...)`: the lesson's plots.
 - `lesson_sizes(scale)`, `gpt_activation_bytes(...)`, `predicted_peak_bytes(scale)`,
@@ -28,27 +28,55 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from helpers.accumulation import (
     GradDiff,
     LossFn,
-    _check_batch,
-    _check_micro_batch,
-    _trainable,
     accumulated_grad,
+    check_batch,
+    check_micro_batch,
     clear_grads,
+    cleared_grads,
     compare_grads,
     full_batch_grad,
+    trainable_params,
 )
-from helpers.device import by_scale, median_seconds, synchronize
+from helpers.checks import answer_number, callable_arg, instance_arg, positive_int
+from helpers.device import CPU_TRACKER, TENSOR_TRACKER, by_scale, synchronize
 from helpers.memory import MemoryTracker, run_or_oom, saved_activation_bytes
-from helpers.models import GPTConfig
+from helpers.models import GPTConfig, device_of
 from helpers.saved_tensors import korthikanti_terms
+from helpers.training import lm_loss
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+
+__all__ = [
+    "LessonSizes",
+    "Mark",
+    "MicroStepMemory",
+    "Timing",
+    "angle_degrees",
+    "check_exercise_1",
+    "check_exercise_2",
+    "check_exercise_3",
+    "check_exercise_4",
+    "gpt_activation_bytes",
+    "gpt_param_count",
+    "gradient_error",
+    "group_gradient",
+    "lesson_sizes",
+    "micro_step_memory",
+    "plot_micro_step_memory",
+    "predicted_peak_bytes",
+    "scatter_grads",
+    "show_gradient_error",
+    "show_micro_step_memory",
+    "throughput_sweep",
+    "tracker_method",
+    "widget_latency_cases",
+]
 
 Mark = Callable[[str], int]
 
@@ -61,7 +89,8 @@ class MicroStepMemory:
       preceded by ("start", live bytes before the loop).
     - `peak_bytes`: the largest live tensor memory at any op of the loop.
     - `peak_activations`: the largest amount of live forward-pass tensors.
-    - `method`: how it was measured (a tensor-level tracker of live storages).
+    - `method`: how it was measured: `CPU_TRACKER` on a CPU, `TENSOR_TRACKER`
+      (the same tracker of live storages) on any other device.
     """
 
     labels: list[str]
@@ -75,6 +104,15 @@ class MicroStepMemory:
         return self.live_after[last] - self.live_after[first]
 
 
+def tracker_method(device: torch.device | str) -> str:
+    """The label of a `MemoryTracker` measurement on `device`: `CPU_TRACKER` on a CPU, else `TENSOR_TRACKER`.
+
+    The tracker counts live tensor storages on every device; on CUDA it is not the
+    caching allocator (`CUDA_ALLOCATOR`), so its figures carry their own label.
+    """
+    return CPU_TRACKER if torch.device(device).type == "cpu" else TENSOR_TRACKER
+
+
 def micro_step_memory(loop: Callable[[Mark], object], model: nn.Module) -> MicroStepMemory:
     """Run `loop(mark)` once under a `MemoryTracker` and read live memory at each mark.
 
@@ -83,11 +121,9 @@ def micro_step_memory(loop: Callable[[Mark], object], model: nn.Module) -> Micro
     counted; the model's parameters and gradients are. Grads are cleared
     before and after, so runs do not see each other's gradients.
     """
-    if not callable(loop):
-        raise ValueError(f"loop must be a callable taking mark(label), got {type(loop).__name__}")
-    _trainable(model)
-    clear_grads(model)
-    try:
+    callable_arg("loop", loop, "a callable taking mark(label)")
+    trainable_params(model)
+    with cleared_grads(model):
         with MemoryTracker(model=model) as tracker:
             labels, live = ["start"], [tracker.mark("start")]
 
@@ -98,10 +134,7 @@ def micro_step_memory(loop: Callable[[Mark], object], model: nn.Module) -> Micro
 
             loop(mark)
         timeline = tracker.timeline()
-    finally:
-        clear_grads(model)
-    device = next(model.parameters()).device
-    method = "cpu-tracker" if device.type == "cpu" else "tensor-tracker (live storages)"
+    method = tracker_method(device_of(model))
     return MicroStepMemory(
         labels=labels,
         live_after=live,
@@ -109,35 +142,6 @@ def micro_step_memory(loop: Callable[[Mark], object], model: nn.Module) -> Micro
         peak_activations=max(timeline.series["activations"]),
         method=method,
     )
-
-
-def examples_per_second(
-    model: nn.Module,
-    loss_fn: LossFn,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-    micro_batch: int,
-    *,
-    repeats: int = 3,
-) -> float | None:
-    """Examples per second of one accumulated update over all of `inputs`.
-
-    Times forward + backward of every micro-batch (no optimizer step), as the
-    median of `repeats` runs after one warm-up; on CUDA the device is
-    synchronized before each clock read. Returns None when the micro-batch
-    does not fit in GPU memory (CUDA out of memory).
-    """
-    n = _check_batch(inputs, targets)
-    _check_micro_batch(micro_batch, n)
-    device = next(model.parameters()).device
-    seconds = run_or_oom(lambda: median_seconds(
-        lambda: accumulated_grad(model, loss_fn, inputs, targets, micro_batch),
-        device=device, repeats=repeats, warmup=1,
-    ))
-    if seconds is None:
-        clear_grads(model)
-        return None
-    return n / seconds
 
 
 # -- widgets -------------------------------------------------------------------------
@@ -160,9 +164,8 @@ def gradient_error(
     from helpers.data import regression_batch
     from helpers.models import ResidualMLP
 
-    for name, value in (("micro_batch", micro_batch), ("steps", steps)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    positive_int("micro_batch", micro_batch)
+    positive_int("steps", steps)
     d_in, width, depth, d_out = sizes
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -213,7 +216,8 @@ def show_gradient_error(micro_batch: int = 8, steps: int = 4, scale: bool = True
     show(fig)
     print(f"micro-batch size (B) = {micro_batch}, accumulation steps (K) = {steps} -> "
           f"effective batch B x K = {micro_batch * steps}")
-    print(f"max_rel {diff.max_rel:.2e} | norm_ratio {diff.norm_ratio:.5f} | cosine {diff.cosine:.6f}")
+    print(f"max relative error (max_rel) {diff.max_rel:.2e} | norm_ratio {diff.norm_ratio:.5f} | "
+          f"cosine {diff.cosine:.6f}")
 
 
 def plot_micro_step_memory(ax: Axes, results: dict[str, MicroStepMemory], *,
@@ -225,8 +229,7 @@ def plot_micro_step_memory(ax: Axes, results: dict[str, MicroStepMemory], *,
     """
     from matplotlib.ticker import MaxNLocator
 
-    if unit_bytes <= 0:
-        raise ValueError(f"unit_bytes must be positive, got {unit_bytes}")
+    positive_int("unit_bytes", unit_bytes)
     styles = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ("-", "x"), ("--", "v")]
     for i, (name, res) in enumerate(results.items()):
         base = res.live_after[0]
@@ -251,10 +254,10 @@ def group_gradient(
     is neither read nor changed: a loop can call it between its backward and
     its optimizer step. Parameters without a gradient contribute zeros.
     """
-    params = _trainable(model)
+    params = trainable_params(model)
     if not batches:
         raise ValueError("batches is empty; give at least one (inputs, targets) pair")
-    n = sum(_check_batch(x, y) for x, y in batches)
+    n = sum(check_batch(x, y) for x, y in batches)
     total = [torch.zeros_like(p) for p in params]
     for x, y in batches:
         loss = loss_fn(model(x), y) * (x.shape[0] / n)
@@ -294,15 +297,14 @@ def throughput_sweep(
     the device is synchronized around each run; an out-of-memory size is None.
     Timings are for showing, never for asserting.
     """
-    n = _check_batch(inputs, targets)
-    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
-        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    n = check_batch(inputs, targets)
+    positive_int("rounds", rounds)
     sizes = list(micro_batches)
     if not sizes:
         raise ValueError("micro_batches is empty; give at least one micro-batch size")
     for m in sizes:
-        _check_micro_batch(m, n)
-    device = next(model.parameters()).device
+        check_micro_batch(m, n)
+    device = device_of(model)
     work = {m: partial(accumulated_grad, model, loss_fn, inputs, targets, m) for m in sizes}
     alive = [m for m in sizes if run_or_oom(work[m]) is not None]  # warm-up
     clear_grads(model)
@@ -379,13 +381,9 @@ def gpt_activation_bytes(cfg: GPTConfig, micro_batch: int, *, dtype_bytes: int =
     LayerNorm's input and output (2 sbh) and the log-softmax output over the
     vocabulary (s b V). Lesson 03 checks it against `saved_activation_bytes`.
     """
-    if not isinstance(cfg, GPTConfig):
-        raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
-    for name, value in (("micro_batch", micro_batch), ("dtype_bytes", dtype_bytes)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+    instance_arg("cfg", cfg, GPTConfig, "GPTConfig")
+    positive_int("micro_batch", micro_batch)
+    positive_int("dtype_bytes", dtype_bytes)
     s, b, h = cfg.seq_len, micro_batch, cfg.d_model
     layer = sum(korthikanti_terms(s=s, b=b, h=h, a=cfg.n_heads, act_bytes=dtype_bytes,
                                   dropout=False).values())
@@ -440,11 +438,10 @@ def show_micro_step_memory(
     from helpers.data import token_batch
     from helpers.plots import figure, format_bytes, show
 
-    for name, value in (("micro_batch", micro_batch), ("steps", steps)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    positive_int("micro_batch", micro_batch)
+    positive_int("steps", steps)
     cfg = model.cfg
-    device = next(model.parameters()).device
+    device = device_of(model)
     x, y = token_batch(micro_batch * steps, cfg.seq_len, cfg.vocab_size, seed=seed, device=device)
     batches = list(zip(x.split(micro_batch), y.split(micro_batch), strict=True))
     unit = saved_activation_bytes(lambda: loss_fn(model(batches[0][0]), batches[0][1]))
@@ -466,21 +463,17 @@ def show_micro_step_memory(
     return results
 
 
-def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-
-
 def _reference_loops(model: nn.Module) -> dict[str, Callable[..., object]]:
     """The lesson's three widget loops, for timing the widget outside the notebook."""
     def correct(batches: list, mark: Mark) -> None:
         for i, (x, y) in enumerate(batches):
-            (_lm_loss(model(x), y) / len(batches)).backward()
+            (lm_loss(model(x), y) / len(batches)).backward()
             mark(f"micro-step {i + 1}")
 
     def retain(batches: list, mark: Mark) -> None:
         kept = []
         for i, (x, y) in enumerate(batches):
-            loss = _lm_loss(model(x), y)
+            loss = lm_loss(model(x), y)
             (loss / len(batches)).backward(retain_graph=True)
             kept.append(loss)
             mark(f"micro-step {i + 1}")
@@ -488,7 +481,7 @@ def _reference_loops(model: nn.Module) -> dict[str, Callable[..., object]]:
     def summed(batches: list, mark: Mark) -> None:
         total = 0.0
         for i, (x, y) in enumerate(batches):
-            total = total + _lm_loss(model(x), y) / len(batches)
+            total = total + lm_loss(model(x), y) / len(batches)
             mark(f"micro-step {i + 1}")
         total.backward()
         mark("backward")
@@ -510,7 +503,7 @@ def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable
         torch.manual_seed(0)
         gpt = GPT(z.gpt).to(device)
     loops = _reference_loops(gpt)
-    memory = partial(show_micro_step_memory, gpt, loops, _lm_loss)
+    memory = partial(show_micro_step_memory, gpt, loops, lm_loss)
     return {
         "gradient B=64": lambda: show_gradient_error(64, 4, True),
         "gradient K=16": lambda: show_gradient_error(8, 16, True),
@@ -530,18 +523,12 @@ def _say(ok: bool, yes: str, hint: str) -> str:
     return text
 
 
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
 def check_exercise_1(step_ratio: object) -> str:
     """Exercise 1: SGD with max_norm=1.0: the unscaled run's first step length / the scaled run's.
 
     Answer with a number. Returns (and prints) "Correct: ..." or a hint; never raises.
     """
-    v = _number(step_ratio)
+    v = answer_number(step_ratio)
     return _say(v is not None and abs(v - 1.0) <= 0.02,
                 "while both gradient norms are above max_norm, clipping rescales both to the same "
                 "length, so the steps are equally long and the missing 1/K is invisible. The "
@@ -551,7 +538,7 @@ def check_exercise_1(step_ratio: object) -> str:
 
 def check_exercise_2(step_ratio: object) -> str:
     """Exercise 2: Adam: the unscaled run's first weight change / the scaled run's (a number)."""
-    v = _number(step_ratio)
+    v = answer_number(step_ratio)
     return _say(v is not None and abs(v - 1.0) <= 0.05,
                 "Adam divides the first moment by the square root of the second, so a gradient K times "
                 "larger gives (almost) the same step; only eps breaks the tie. It is still not the same "

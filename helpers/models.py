@@ -6,6 +6,8 @@
   visible line of code; `fused_attention=True` switches to
   `torch.nn.functional.scaled_dot_product_attention` instead.
 - `ConvNet`: a small ConvNet with BatchNorm (or GroupNorm, LayerNorm, none).
+- `DropoutMLP`: Linear -> ReLU -> dropout blocks whose dropout masks can be passed in
+  (lesson 04 slices one batch's masks per micro-batch).
 
 Every model runs its blocks through `run_blocks`, which calls
 `self.block_wrapper(block, x)` (a `BlockWrapper`) when one is set. Lessons set it to a
@@ -22,7 +24,7 @@ inside the model.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +40,7 @@ __all__ = [
     "BlockWrapper",
     "CausalSelfAttention",
     "ConvNet",
+    "DropoutMLP",
     "GPTBlock",
     "GPTConfig",
     "MLPBlock",
@@ -241,6 +244,41 @@ class ConvNet(_Blocks):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.run_blocks(x).mean(dim=(2, 3)))
+
+
+class DropoutMLP(nn.Module):
+    """`n_dropout` blocks of Linear -> ReLU -> dropout, then a Linear head.
+
+    `forward(x, masks)` uses the given keep-masks (one bool tensor of shape
+    (len(x), width) per dropout layer) instead of drawing new ones, so the
+    full batch's masks can be sliced per micro-batch.
+    """
+
+    def __init__(self, d_in: int, width: int, d_out: int, *, p: float = 0.5,
+                 n_dropout: int = 2) -> None:
+        super().__init__()
+        _check_positive(d_in=d_in, width=width, d_out=d_out, n_dropout=n_dropout)
+        number_in_range("p", p, 0.0, 1.0, low_open=True, high_open=True)
+        self.p, self.width = p, width
+        self.hidden = nn.ModuleList(
+            nn.Linear(d_in if i == 0 else width, width) for i in range(n_dropout)
+        )
+        self.head = nn.Linear(width, d_out)
+
+    def draw_masks(self, n: int, *, device: torch.device | str = "cpu") -> list[torch.Tensor]:
+        """Fresh keep-masks for `n` examples (from the global RNG), one per dropout layer."""
+        positive_int("n", n)
+        return [torch.rand(n, self.width, device=device) >= self.p for _ in self.hidden]
+
+    def forward(self, x: torch.Tensor, masks: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        if masks is not None and len(masks) != len(self.hidden):
+            raise ValueError(f"need {len(self.hidden)} masks (one per dropout layer), "
+                             f"got {len(masks)}")
+        for i, layer in enumerate(self.hidden):
+            x = F.relu(layer(x))
+            x = (x * masks[i] / (1.0 - self.p) if masks is not None
+                 else F.dropout(x, self.p, self.training))
+        return self.head(x)
 
 
 def param_bytes(model: nn.Module) -> int:

@@ -1,12 +1,14 @@
-"""When gradient accumulation is not a bigger batch: instruments for lesson 04.
+"""When gradient accumulation is not a bigger batch: the pitfalls, measured (lesson 04).
 
 Built on `helpers.accumulation` (flat_grad, full_batch_grad, accumulated_grad,
-compare_grads). Four pitfalls, each with the measurement a notebook needs:
+compare_grads). Gradient errors here are L2 relative errors,
+||g_acc - g_full|| / ||g_full|| (`GradDiff.l2_rel`), and the plots say so. Four
+pitfalls, each with the measurement a notebook needs:
 
 - BatchNorm: `norm_error_curve` (accumulated vs full-batch gradient error for
   each micro-batch size), `ghost_batch_grad`, `batchnorm_buffers`.
-- Dropout: `DropoutMLP`, a model whose dropout masks can be passed in, so a
-  full-batch mask can be sliced per micro-batch (`dropout_grads`).
+- Dropout: `dropout_grads` with `helpers.models.DropoutMLP`, a model whose dropout
+  masks can be passed in, so a full-batch mask can be sliced per micro-batch.
 - Scheduler stepping: `warmup_cosine` and `lr_schedule` (a real `LambdaLR`
   stepped per update or per micro-step).
 - Mixed precision (float16 autocast on CPU and CUDA): `amp_update` runs one
@@ -14,6 +16,9 @@ compare_grads). Four pitfalls, each with the measurement a notebook needs:
   wrong ones, and reports the gradient the optimizer actually applied and the
   norm clipping saw; `fp16_underflow` counts the gradient entries float16
   flushes to zero without a scaler.
+
+Helpers that build a model or draw dropout masks seed their own copy of torch's
+random state (`torch.random.fork_rng`), so the caller's random stream is left as it was.
 
 Widgets: `show_bn_error` (micro-batch size B, accumulation steps K, the
 normalisation) and `show_schedule` (K). The lesson's sizes per scale are in
@@ -26,7 +31,8 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -37,44 +43,93 @@ from torch import nn
 from helpers.accumulation import (
     LossFn,
     accumulated_grad,
-    clear_grads,
+    check_batch,
+    check_micro_batch,
+    cleared_grads,
+    compare_grads,
     flat_grad,
     full_batch_grad,
 )
+from helpers.checks import (
+    choice,
+    int_at_least,
+    int_in_range,
+    number_in_range,
+    positive_int,
+    positive_number,
+)
 from helpers.data import image_batch, regression_batch
-from helpers.device import by_scale, seed_everything
-from helpers.models import NORMS, ConvNet
+from helpers.device import by_scale
+from helpers.models import NORMS, ConvNet, DropoutMLP
+
+__all__ = [
+    "AMP_ORDERS",
+    "BN_MODES",
+    "SCHEDULE_MODES",
+    "AmpOutcome",
+    "LessonSizes",
+    "Schedule",
+    "Underflow",
+    "amp_dtype",
+    "amp_update",
+    "batchnorm_buffers",
+    "bn_error_by_steps",
+    "check_exercise_1",
+    "check_exercise_2",
+    "check_exercise_3",
+    "check_exercise_4",
+    "convnet_activation_bytes",
+    "default_micro_batches",
+    "dropout_grads",
+    "fp16_underflow",
+    "ghost_batch_grad",
+    "lesson_sizes",
+    "lr_schedule",
+    "mlp_activation_bytes",
+    "norm_error_curve",
+    "plot_error_curves",
+    "plot_lr_schedules",
+    "predicted_peak_bytes",
+    "set_norm_mode",
+    "show_bn_error",
+    "show_schedule",
+    "warmup_cosine",
+    "widget_latency_cases",
+]
 
 BN_MODES = ("train", "eval", "frozen")
 SCHEDULE_MODES = ("update", "micro")
-AMP_ORDERS = ("correct", "unscale_each", "update_each", "unscale_update_each",
-              "clip_before_unscale")
+# Each order of the GradScaler calls in `amp_update`: (what runs after every micro-step's
+# backward, what runs before `scaler.step`). "unscale" is `scaler.unscale_(optimizer)`,
+# "update" is `scaler.update()`, "clip" is `clip_grad_norm_`. Only "correct" is right.
+_AMP_STEPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "correct": ((), ("unscale", "clip")),
+    "unscale_each": (("unscale",), ("unscale", "clip")),
+    "update_each": (("update",), ("unscale", "clip")),
+    "unscale_update_each": (("unscale", "update"), ("clip",)),
+    "clip_before_unscale": ((), ("clip", "unscale")),
+}
+AMP_ORDERS = tuple(_AMP_STEPS)
 
 
-def _check_int(name: str, value: object, low: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
+@contextmanager
+def _own_rng(device: torch.device | str) -> Iterator[None]:
+    """Run the body on a copy of torch's random state (CPU, and `device` if CUDA), restored after."""
+    device = torch.device(device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        yield
 
 
-def _check_choice(name: str, value: object, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not allowed; choose one of {tuple(choices)}")
-    return str(value)
+def _manual_seed(seed: int, device: torch.device | str) -> None:
+    """Seed torch's CPU generator and `device`'s (what `torch.manual_seed` does, for one device).
 
-
-def relative_error(reference: torch.Tensor, candidate: torch.Tensor) -> float:
-    """||candidate - reference|| / ||reference||, computed in float64 (0.0 = identical)."""
-    if reference.shape != candidate.shape:
-        raise ValueError(
-            f"reference and candidate must have the same shape, got {tuple(reference.shape)} "
-            f"and {tuple(candidate.shape)}"
-        )
-    ref = reference.detach().double().cpu()
-    norm = ref.norm().item()
-    if norm == 0.0:
-        raise ValueError("reference is all zeros; a relative error needs a non-zero reference")
-    return (candidate.detach().double().cpu() - ref).norm().item() / norm
+    Call it inside `_own_rng(device)`; it gives the same numbers as `seed_everything(seed)`.
+    """
+    device = torch.device(device)
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.default_generators[index].manual_seed(seed)
 
 
 # -- BatchNorm -----------------------------------------------------------------------
@@ -86,7 +141,7 @@ def set_norm_mode(model: nn.Module, mode: str) -> nn.Module:
     - 'frozen': the model trains, but every BatchNorm uses its running statistics,
       stops updating them, and its affine weight and bias stop learning.
     """
-    _check_choice("mode", mode, BN_MODES)
+    choice("mode", mode, BN_MODES)
     model.train(mode != "eval")
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and mode == "frozen":
@@ -100,10 +155,11 @@ def _conv_setup(
     norm: str, batch: int, *, width: int, depth: int, size: int, mode: str, seed: int,
     device: torch.device | str,
 ) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    _check_choice("norm", norm, NORMS)
-    _check_int("batch", batch)
-    seed_everything(seed)
-    model = ConvNet(in_channels=3, width=width, depth=depth, num_classes=10, norm=norm).to(device)
+    choice("norm", norm, NORMS)
+    positive_int("batch", batch)
+    with _own_rng(device):
+        _manual_seed(seed, device)
+        model = ConvNet(in_channels=3, width=width, depth=depth, num_classes=10, norm=norm).to(device)
     x, y = image_batch(batch, channels=3, size=size, num_classes=10, seed=seed, device=device)
     if mode != "train":  # give the running statistics realistic values first
         with torch.no_grad():
@@ -116,7 +172,7 @@ def _conv_setup(
 
 def default_micro_batches(batch: int) -> list[int]:
     """Powers of two that divide `batch`, from 1 up to and including `batch` itself."""
-    _check_int("batch", batch)
+    positive_int("batch", batch)
     sizes = [2**i for i in range(batch.bit_length()) if batch % 2**i == 0]
     return sizes if sizes[-1] == batch else sizes + [batch]
 
@@ -133,24 +189,25 @@ def norm_error_curve(
     seed: int = 0,
     device: torch.device | str = "cpu",
 ) -> dict[int, float]:
-    """Relative error of the accumulated gradient against the full-batch gradient.
+    """L2 relative error of the accumulated gradient against the full-batch gradient.
 
     Builds a `ConvNet(norm=norm)` and an `image_batch(batch)`, puts the
     BatchNorm layers in `mode` (see `set_norm_mode`), and returns
-    {micro_batch: ||g_accumulated - g_full|| / ||g_full||}. `micro_batches`
-    defaults to `default_micro_batches(batch)`. Re-seeds, so calls repeat exactly.
+    {micro_batch: ||g_accumulated - g_full|| / ||g_full||} (`GradDiff.l2_rel`).
+    `micro_batches` defaults to `default_micro_batches(batch)`. The weights come
+    from `seed` on a private copy of torch's random state, so calls repeat
+    exactly and the caller's random stream is left alone.
     """
-    _check_int("width", width)
-    _check_int("depth", depth)
-    _check_int("size", size)
+    positive_int("width", width)
+    positive_int("depth", depth)
+    positive_int("size", size)
     model, x, y = _conv_setup(norm, batch, width=width, depth=depth, size=size, mode=mode,
                               seed=seed, device=device)
     sizes = default_micro_batches(batch) if micro_batches is None else list(micro_batches)
     for m in sizes:
-        if not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= batch:
-            raise ValueError(f"micro_batches must hold ints in [1, {batch}], got {m!r}")
+        int_in_range("micro_batches", m, 1, batch)
     reference = full_batch_grad(model, F.cross_entropy, x, y)
-    return {m: relative_error(reference, accumulated_grad(model, F.cross_entropy, x, y, m))
+    return {m: compare_grads(reference, accumulated_grad(model, F.cross_entropy, x, y, m)).l2_rel
             for m in sizes}
 
 
@@ -163,16 +220,14 @@ def ghost_batch_grad(
     normalizes with the statistics of its chunk ("ghost batch norm"); the
     outputs are concatenated and one mean loss and one backward follow.
     """
-    _check_int("ghost", ghost)
-    if ghost > inputs.shape[0]:
-        raise ValueError(f"ghost={ghost} is larger than the batch ({inputs.shape[0]} examples)")
-    clear_grads(model)
-    try:
+    n = check_batch(inputs, targets)
+    positive_int("ghost", ghost)
+    if ghost > n:
+        raise ValueError(f"ghost={ghost} is larger than the batch ({n} examples)")
+    with cleared_grads(model):
         outputs = torch.cat([model(chunk) for chunk in inputs.split(ghost)])
         loss_fn(outputs, targets).backward()
         return flat_grad(model)
-    finally:
-        clear_grads(model)
 
 
 def batchnorm_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -187,7 +242,7 @@ def batchnorm_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def plot_error_curves(ax: Axes, curves: dict[str, dict[int, float]], *, batch: int) -> None:
-    """Log-log plot of {label: {micro_batch: relative error}}; zeros are drawn at 1e-9."""
+    """Log-log plot of {label: {micro_batch: L2 relative error}}; zeros are drawn at 1e-9."""
     styles = [("o", "-"), ("s", "-"), ("^", "--"), ("D", "-."), ("v", ":")]
     for (label, curve), (marker, ls) in zip(curves.items(), styles * 2, strict=False):
         ax.plot(list(curve), [max(v, 1e-9) for v in curve.values()], marker=marker, ls=ls,
@@ -198,50 +253,12 @@ def plot_error_curves(ax: Axes, curves: dict[str, dict[int, float]], *, batch: i
     ax.text(0.99, 0.02, "points at 1e-9 are exactly 0", transform=ax.transAxes, ha="right",
             fontsize=8, color="#666")
     ax.set_xlabel("micro-batch size (examples)")
-    ax.set_ylabel("relative gradient error")
+    ax.set_ylabel("L2 relative gradient error")
     ax.set_title(f"accumulated vs full-batch gradient (batch {batch})")
     ax.legend(fontsize=8)
 
 
 # -- Dropout -------------------------------------------------------------------------
-class DropoutMLP(nn.Module):
-    """`n_dropout` blocks of Linear -> ReLU -> dropout, then a Linear head.
-
-    `forward(x, masks)` uses the given keep-masks (one bool tensor of shape
-    (len(x), width) per dropout layer) instead of drawing new ones, so the
-    full batch's masks can be sliced per micro-batch.
-    """
-
-    def __init__(self, d_in: int, width: int, d_out: int, *, p: float = 0.5,
-                 n_dropout: int = 2) -> None:
-        super().__init__()
-        for name, value in (("d_in", d_in), ("width", width), ("d_out", d_out),
-                            ("n_dropout", n_dropout)):
-            _check_int(name, value)
-        if not 0.0 < p < 1.0:
-            raise ValueError(f"p must be in (0, 1), got {p!r}")
-        self.p, self.width = p, width
-        self.hidden = nn.ModuleList(
-            nn.Linear(d_in if i == 0 else width, width) for i in range(n_dropout)
-        )
-        self.head = nn.Linear(width, d_out)
-
-    def draw_masks(self, n: int, *, device: torch.device | str = "cpu") -> list[torch.Tensor]:
-        """Fresh keep-masks for `n` examples (from the global RNG), one per dropout layer."""
-        _check_int("n", n)
-        return [torch.rand(n, self.width, device=device) >= self.p for _ in self.hidden]
-
-    def forward(self, x: torch.Tensor, masks: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
-        if masks is not None and len(masks) != len(self.hidden):
-            raise ValueError(f"need {len(self.hidden)} masks (one per dropout layer), "
-                             f"got {len(masks)}")
-        for i, layer in enumerate(self.hidden):
-            x = F.relu(layer(x))
-            x = (x * masks[i] / (1.0 - self.p) if masks is not None
-                 else F.dropout(x, self.p, self.training))
-        return self.head(x)
-
-
 def dropout_grads(
     micro_batch: int, *, shared_masks: bool, batch: int = 32, n_dropout: int = 2, seed: int = 0,
     device: torch.device | str = "cpu",
@@ -250,32 +267,31 @@ def dropout_grads(
 
     `shared_masks=False`: both runs start from the same seed and let dropout
     draw its own masks. `shared_masks=True`: the full batch's masks are drawn
-    once and each micro-batch uses its slice of them.
+    once and each micro-batch uses its slice of them. Weights and masks come
+    from `seed` on a private copy of torch's random state (the caller's random
+    stream is left alone), so calls repeat exactly.
     """
-    _check_int("batch", batch)
-    _check_int("micro_batch", micro_batch)
-    if micro_batch > batch:
-        raise ValueError(f"micro_batch={micro_batch} is larger than the batch ({batch})")
-    seed_everything(seed)
-    model = DropoutMLP(16, 32, 1, n_dropout=n_dropout).to(device).train()
-    x, y = regression_batch(batch, 16, 1, seed=seed, device=device)
-    if not shared_masks:
-        seed_everything(seed + 1)
-        full = full_batch_grad(model, F.mse_loss, x, y)
-        seed_everything(seed + 1)
-        return full, accumulated_grad(model, F.mse_loss, x, y, micro_batch)
-    masks = model.draw_masks(batch, device=device)
-    model.zero_grad(set_to_none=True)
-    F.mse_loss(model(x, masks), y).backward()
-    full = flat_grad(model)
-    model.zero_grad(set_to_none=True)
-    for start in range(0, batch, micro_batch):
-        part = slice(start, start + micro_batch)
-        loss = F.mse_loss(model(x[part], [m[part] for m in masks]), y[part])
-        (loss * x[part].shape[0] / batch).backward()
-    acc = flat_grad(model)
-    model.zero_grad(set_to_none=True)
-    return full, acc
+    check_micro_batch(micro_batch, positive_int("batch", batch))
+    int_at_least("seed", seed, 0)
+    with _own_rng(device):
+        _manual_seed(seed, device)
+        model = DropoutMLP(16, 32, 1, n_dropout=n_dropout).to(device).train()
+        x, y = regression_batch(batch, 16, 1, seed=seed, device=device)
+        if not shared_masks:
+            _manual_seed(seed + 1, device)
+            full = full_batch_grad(model, F.mse_loss, x, y)
+            _manual_seed(seed + 1, device)
+            return full, accumulated_grad(model, F.mse_loss, x, y, micro_batch)
+        masks = model.draw_masks(batch, device=device)
+    with cleared_grads(model):
+        F.mse_loss(model(x, masks), y).backward()
+        full = flat_grad(model)
+    with cleared_grads(model):
+        for start in range(0, batch, micro_batch):
+            part = slice(start, start + micro_batch)
+            loss = F.mse_loss(model(x[part], [m[part] for m in masks]), y[part])
+            (loss * x[part].shape[0] / batch).backward()
+        return full, flat_grad(model)
 
 
 # -- Scheduler stepping --------------------------------------------------------------
@@ -285,8 +301,8 @@ def warmup_cosine(warmup_steps: int, total_steps: int) -> Callable[[int], float]
     Step s of warmup gives (s + 1) / warmup_steps (so the peak is at step
     warmup_steps - 1); after `total_steps` the multiplier stays at 0.
     """
-    _check_int("warmup_steps", warmup_steps)
-    _check_int("total_steps", total_steps)
+    positive_int("warmup_steps", warmup_steps)
+    positive_int("total_steps", total_steps)
     if total_steps <= warmup_steps:
         raise ValueError(f"total_steps={total_steps} must exceed warmup_steps={warmup_steps}")
 
@@ -328,11 +344,11 @@ def lr_schedule(
     `per='micro'` steps it after every micro-step (wrong). The optimizer holds
     one dummy parameter; warnings torch raises are recorded, not shown.
     """
-    _check_int("accum_steps", accum_steps)
-    _check_int("micro_batch", micro_batch)
-    _check_int("updates", updates, low=2)
-    _check_int("warmup", warmup)
-    _check_choice("per", per, SCHEDULE_MODES)
+    positive_int("accum_steps", accum_steps)
+    positive_int("micro_batch", micro_batch)
+    int_at_least("updates", updates, 2)
+    positive_int("warmup", warmup)
+    choice("per", per, SCHEDULE_MODES)
     if warmup >= updates:
         raise ValueError(f"warmup={warmup} must be smaller than updates={updates}")
     dummy = nn.Parameter(torch.zeros(1))
@@ -407,7 +423,7 @@ def amp_update(
 ) -> AmpOutcome:
     """Run one accumulated update of a deep copy of `model` (SGD, lr 0.1) with a GradScaler.
 
-    `order` (see `AMP_ORDERS`):
+    `order` (see `AMP_ORDERS`; the table `_AMP_STEPS` lists each order's calls):
     - 'correct': scale(loss / K).backward() per micro-step; then unscale_ ->
       clip -> step -> update once.
     - 'unscale_each': unscale_ after every micro-step (torch raises).
@@ -422,20 +438,15 @@ def amp_update(
     first step, which GradScaler then skips). `max_norm=math.inf` measures
     the norm without clipping.
     """
-    _check_choice("order", order, AMP_ORDERS)
-    n = inputs.shape[0]
-    _check_int("micro_batch", micro_batch)
-    if micro_batch > n:
-        raise ValueError(f"micro_batch={micro_batch} is larger than the batch ({n} examples)")
-    if not max_norm > 0:
-        raise ValueError(f"max_norm must be > 0, got {max_norm!r}")
+    choice("order", order, AMP_ORDERS)
+    n = check_batch(inputs, targets)
+    check_micro_batch(micro_batch, n)
+    number_in_range("max_norm", max_norm, 0.0, math.inf, low_open=True)
+    positive_number("init_scale", init_scale)
+    positive_number("loss_weight", loss_weight)
     model = copy.deepcopy(model).train()
     device = inputs.device
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    if not init_scale > 0:
-        raise ValueError(f"init_scale must be > 0, got {init_scale!r}")
-    if not isinstance(loss_weight, (int, float)) or isinstance(loss_weight, bool) or not loss_weight > 0:
-        raise ValueError(f"loss_weight must be a number > 0, got {loss_weight!r}")
     scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, enabled=amp and use_scaler)
     scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
     seen: list[torch.Tensor] = []
@@ -445,23 +456,17 @@ def amp_update(
     def clip() -> None:
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
 
+    actions = {"unscale": lambda: scaler.unscale_(opt), "update": scaler.update, "clip": clip}
+    after_each, before_step = _AMP_STEPS[order]
     try:
         for x, y in zip(inputs.split(micro_batch), targets.split(micro_batch), strict=True):
             with torch.autocast(device.type, dtype=amp_dtype(device), enabled=amp):
                 loss = loss_fn(model(x), y) * loss_weight
             scaler.scale(loss * x.shape[0] / n).backward()
-            if order in ("unscale_each", "unscale_update_each"):
-                scaler.unscale_(opt)
-            if order in ("update_each", "unscale_update_each"):
-                scaler.update()
-        if order == "clip_before_unscale":
-            clip()
-            scaler.unscale_(opt)
-        elif order != "unscale_update_each":
-            scaler.unscale_(opt)
-            clip()
-        else:
-            clip()
+            for name in after_each:
+                actions[name]()
+        for name in before_step:
+            actions[name]()
         scaler.step(opt)
         scaler.update()
     except (RuntimeError, AssertionError) as exc:
@@ -510,8 +515,8 @@ def fp16_underflow(
         nonzero=int(nz.sum()),
         zeroed_plain=int(((plain.applied == 0) & nz).sum()),
         zeroed_scaled=int(((scaled.applied == 0) & nz).sum()),
-        error_plain=relative_error(ref.applied, plain.applied),
-        error_scaled=relative_error(ref.applied, scaled.applied),
+        error_plain=compare_grads(ref.applied, plain.applied).l2_rel,
+        error_scaled=compare_grads(ref.applied, scaled.applied).l2_rel,
         scale=scaled.scale,
     )
 
@@ -565,7 +570,7 @@ def convnet_activation_bytes(batch: int, *, width: int, depth: int, size: int,
     """
     for name, value in (("batch", batch), ("width", width), ("depth", depth), ("size", size),
                         ("in_channels", in_channels), ("dtype_bytes", dtype_bytes)):
-        _check_int(name, value)
+        positive_int(name, value)
     per_image = size * size * (in_channels + 2 * width * depth) + width
     return batch * per_image * dtype_bytes
 
@@ -580,7 +585,7 @@ def mlp_activation_bytes(n: int, *, d_in: int, width: int, depth: int, expansion
     """
     for name, value in (("n", n), ("d_in", d_in), ("width", width), ("depth", depth),
                         ("expansion", expansion), ("dtype_bytes", dtype_bytes)):
-        _check_int(name, value)
+        positive_int(name, value)
     per_example = d_in + width + depth * (2 * width + 2 * expansion * width)
     return n * per_example * dtype_bytes
 
@@ -615,15 +620,15 @@ def predicted_peak_bytes(scale: str) -> int:
 def bn_error_by_steps(micro_batch: int, accum_steps: int, norm: str = "batch", *, width: int = 16,
                       depth: int = 3, size: int = 8, seed: int = 0,
                       device: torch.device | str = "cpu") -> dict[int, float]:
-    """BatchNorm widget's numbers: {K': gradient error} at the effective batch N = B x K.
+    """BatchNorm widget's numbers: {K': L2 relative gradient error} at the effective batch N = B x K.
 
     The full batch is `micro_batch * accum_steps` images; K' runs over the
     chosen K and the powers of two up to max(K, 8) that divide N, each
     accumulated over micro-batches of N / K' (K' = 1 is the full batch
-    itself, error 0). The error is ||g_acc - g_full|| / ||g_full||.
+    itself, error 0). The error is ||g_acc - g_full|| / ||g_full|| (`GradDiff.l2_rel`).
     """
-    _check_int("micro_batch", micro_batch)
-    _check_int("accum_steps", accum_steps)
+    positive_int("micro_batch", micro_batch)
+    positive_int("accum_steps", accum_steps)
     n = micro_batch * accum_steps
     steps = sorted({k for k in (1, 2, 4, 8, 16, 32) if k <= max(accum_steps, 8) and n % k == 0}
                    | {accum_steps})
@@ -635,7 +640,7 @@ def bn_error_by_steps(micro_batch: int, accum_steps: int, norm: str = "batch", *
 def show_bn_error(micro_batch: int = 4, accum_steps: int = 4, norm: str = "batch", *,
                   width: int = 16, depth: int = 3, size: int = 8,
                   device: torch.device | str = "cpu") -> None:
-    """Widget: the gradient error for B and K, against other splits of the same effective batch.
+    """Widget: the L2 relative gradient error for B and K, against other splits of the same batch.
 
     Prints the effective batch B x K and the error, and draws error against the
     number of accumulation steps at that effective batch (`bn_error_by_steps`
@@ -656,14 +661,14 @@ def show_bn_error(micro_batch: int = 4, accum_steps: int = 4, norm: str = "batch
     ax.set_yscale("log")
     ax.set_ylim(1e-10, 10)
     ax.set(xlabel="accumulation steps K (micro-batch = effective batch / K)",
-           ylabel="relative gradient error",
+           ylabel="L2 relative gradient error",
            title=f"accumulated vs full-batch gradient, effective batch {n}")
     ax.text(0.99, 0.02, "points at 1e-9 are exactly 0 (K = 1 is the full batch)",
             transform=ax.transAxes, ha="right", fontsize=8, color="#666")
     ax.legend(fontsize=8, loc="upper left")
     show(fig)
     print(f"micro-batch size (B) = {micro_batch}, accumulation steps (K) = {accum_steps} -> "
-          f"effective batch B x K = {n}; norm={norm}: relative gradient error "
+          f"effective batch B x K = {n}; norm={norm}: L2 relative gradient error "
           f"{errors[accum_steps]:.2e} against one batch of {n}")
 
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.accumulation import GradDiff, clear_grads, compare_grads, flat_grad
+from helpers.accumulation import GradDiff, clear_grads, cleared_grads, compare_grads, flat_grad
 from helpers.checks import int_at_least, int_in_range, number_in_range, positive_int, tensor_arg
 from helpers.data import token_batch
 from helpers.models import GPT, GPTConfig
@@ -238,14 +238,11 @@ def _device(model: nn.Module) -> torch.device:
 
 def full_batch_step(model: nn.Module, samples: Sequence[Sample]) -> StepResult:
     """The reference: all samples padded together, one token-mean loss, one backward."""
-    clear_grads(model)
-    try:
+    with cleared_grads(model):
         batch = pad_sequences(samples, device=_device(model))
         loss = lm_loss(model(batch.input_ids), batch.labels)
         loss.backward()
         return StepResult(flat_grad(model), loss.item())
-    finally:
-        clear_grads(model)
 
 
 def naive_step(
@@ -259,16 +256,13 @@ def naive_step(
     k = len(micro_batches) if divide_by is None else divide_by
     if k < 1 or not micro_batches:
         raise ValueError(f"need at least one micro-batch and divide_by >= 1, got {k}")
-    clear_grads(model)
-    try:
+    with cleared_grads(model):
         logged = 0.0
         for mb in micro_batches:
             loss = lm_loss(model(mb.input_ids), mb.labels) / k
             loss.backward()
             logged += loss.item()
         return StepResult(flat_grad(model), logged)
-    finally:
-        clear_grads(model)
 
 
 def fixed_step(
@@ -288,16 +282,13 @@ def fixed_step(
     n = num_items_in_batch
     if n is None:
         n = count_valid_tokens([mb.labels for mb in micro_batches])
-    clear_grads(model)
-    try:
+    with cleared_grads(model):
         logged = 0.0
         for mb in micro_batches:
             loss = micro_batch_loss(model(mb.input_ids), mb.labels, n)
             (loss * scale).backward()
             logged += loss.item()
         return StepResult(flat_grad(model), logged)
-    finally:
-        clear_grads(model)
 
 
 def tiny_lm(

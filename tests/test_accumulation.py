@@ -1,43 +1,27 @@
-"""Tests of helpers.accumulation (the gradient API) and helpers.accumulation_lab (instruments)."""
+"""Tests of helpers.accumulation (core): the gradient API, its checks and `cleared_grads`."""
 
 from __future__ import annotations
 
-from functools import partial
-
-import matplotlib
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import accumulation_lab as lab
 from helpers.accumulation import (
     GradDiff,
     accumulated_grad,
+    check_batch,
+    check_micro_batch,
+    cleared_grads,
     compare_grads,
     flat_grad,
     full_batch_grad,
     micro_batch_sizes,
+    trainable_params,
 )
-from helpers.accumulation_lab import (
-    angle_degrees,
-    examples_per_second,
-    gradient_error,
-    group_gradient,
-    micro_step_memory,
-    plot_micro_step_memory,
-    scatter_grads,
-    show_gradient_error,
-    throughput_sweep,
-)
+from helpers.checks import ArgTypeError
 from helpers.data import image_batch, regression_batch, token_batch
-from helpers.memory import saved_activation_bytes
 from helpers.models import GPT, ConvNet, GPTConfig, ResidualMLP
-
-matplotlib.use("Agg")
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+from helpers.training import lm_loss
 
 
 def mlp(dtype: torch.dtype = torch.float32) -> ResidualMLP:
@@ -148,11 +132,61 @@ def test_flat_grad_layout_and_zeros_for_missing_grads():
 
 def test_compare_grads_fields():
     ref = torch.tensor([1.0, -2.0, 2.0])
-    assert compare_grads(ref, ref) == GradDiff(0.0, 0.0, 1.0, 1.0)
+    assert compare_grads(ref, ref) == GradDiff(0.0, 0.0, 1.0, 1.0, 0.0)
     d = compare_grads(ref, 3 * ref)
     assert d.norm_ratio == pytest.approx(3.0) and d.cosine == pytest.approx(1.0)
     assert d.max_abs == pytest.approx(4.0) and d.max_rel == pytest.approx(2.0)
+    assert d.l2_rel == pytest.approx(2.0)
     assert compare_grads(ref, -ref).cosine == pytest.approx(-1.0)
+
+
+def test_max_rel_and_l2_rel_are_different_metrics():
+    ref = torch.tensor([4.0, 0.0, 0.0, 0.0])
+    one_entry_off = torch.tensor([4.0, 0.0, 0.0, 3.0])
+    d = compare_grads(ref, one_entry_off)
+    assert d.max_rel == pytest.approx(3.0 / 4.0)  # worst entry / largest reference entry
+    assert d.l2_rel == pytest.approx(3.0 / 4.0)  # ||diff|| / ||ref||
+    spread = torch.tensor([4.0, 1.0, 1.0, 1.0])  # three entries off by 1
+    d = compare_grads(ref, spread)
+    assert d.max_rel == pytest.approx(1 / 4) and d.l2_rel == pytest.approx(3**0.5 / 4)
+
+
+def test_l2_rel_is_computed_in_float64():
+    torch.manual_seed(0)
+    ref = torch.randn(1000)
+    cand = ref + 1e-7 * torch.randn(1000)
+    expected = (cand.double() - ref.double()).norm().item() / ref.double().norm().item()
+    assert compare_grads(ref, cand).l2_rel == expected
+
+
+def test_cleared_grads_clears_on_entry_and_exit_even_on_error():
+    model, fn, x, y = mlp_case()
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    with cleared_grads(model) as m:
+        assert m is model and all(p.grad is None for p in model.parameters())
+        fn(model(x), y).backward()
+        assert all(p.grad is not None for p in model.parameters())
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(RuntimeError, match="boom"), cleared_grads(model):
+        fn(model(x), y).backward()
+        raise RuntimeError("boom")
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_public_checks():
+    model, _, x, y = mlp_case()
+    assert len(trainable_params(model)) == len(list(model.parameters()))
+    assert check_batch(x, y) == 24
+    assert check_micro_batch(24, 24) == 24
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ValueError, match="no parameters that require grad"):
+        trainable_params(model)
+    with pytest.raises(ValueError, match="0-d tensor"):
+        check_batch(torch.tensor(1.0), y)
+    with pytest.raises(TypeError, match="micro_batch"):
+        check_micro_batch(True, 4)
 
 
 def test_micro_batch_sizes():
@@ -164,13 +198,16 @@ def test_micro_batch_sizes():
 # -- errors -------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("micro_batch", "match"),
-    [(0, "at least 1"), (-2, "at least 1"), (25, "larger than the batch"), (2.0, "must be an int"),
-     (True, "must be an int")],
+    [(0, "positive int"), (-2, "positive int"), (25, "larger than the batch"), (2.0, "positive int"),
+     (True, "positive int")],
 )
 def test_accumulated_grad_rejects_bad_micro_batch(micro_batch, match):
     model, fn, x, y = mlp_case()
     with pytest.raises(ValueError, match=match):
         accumulated_grad(model, fn, x, y, micro_batch)
+    if not isinstance(micro_batch, int) or isinstance(micro_batch, bool):
+        with pytest.raises(ArgTypeError):
+            accumulated_grad(model, fn, x, y, micro_batch)
 
 
 def test_accumulated_grad_rejects_empty_inputs():
@@ -201,95 +238,6 @@ def test_other_bad_arguments():
         micro_batch_sizes(3, 4)
 
 
-# -- instruments and widgets -------------------------------------------------------------
-def _memory_case():
-    model, fn, x, y = gpt_case()
-    batches = list(zip(x.split(4), y.split(4), strict=True))
-    act = saved_activation_bytes(lambda: fn(model(batches[0][0]), batches[0][1]))
-    model.zero_grad(set_to_none=True)
-    return model, fn, batches, act
-
-
-def test_micro_step_memory_flat_for_the_correct_loop_and_growing_for_leaks():
-    model, fn, batches, act = _memory_case()
-    k = len(batches)
-
-    def correct(mark):
-        for i, (x, y) in enumerate(batches):
-            (fn(model(x), y) / k).backward()
-            mark(f"step {i + 1}")
-
-    def retain_and_keep(mark):
-        kept = []
-        for i, (x, y) in enumerate(batches):
-            loss = fn(model(x), y)
-            (loss / k).backward(retain_graph=True)
-            kept.append(loss)
-            mark(f"step {i + 1}")
-
-    def sum_losses(mark):
-        total = 0.0
-        for i, (x, y) in enumerate(batches):
-            total = total + fn(model(x), y) / k
-            mark(f"step {i + 1}")
-        total.backward()
-
-    flat = micro_step_memory(correct, model)
-    assert flat.labels == ["start", "step 1", "step 2", "step 3"]
-    assert abs(flat.growth(1, -1)) <= 64  # only the scalar loss is replaced; batches are not counted
-    assert flat.method == "cpu-tracker"
-    leak = micro_step_memory(retain_and_keep, model)
-    steps = [b - a for a, b in zip(leak.live_after[1:], leak.live_after[2:], strict=False)]
-    assert min(steps) >= 0.8 * act
-    summed = micro_step_memory(sum_losses, model)
-    assert summed.growth(0, -1) >= 0.9 * k * act
-    assert summed.peak_activations >= 0.7 * k * flat.peak_activations
-    assert all(p.grad is None for p in model.parameters())
-
-
-def test_micro_step_memory_rejects_non_callable():
-    with pytest.raises(ValueError, match="callable"):
-        micro_step_memory("loop", mlp())
-
-
-def test_gradient_error_widget_function():
-    diff, ref, cand = gradient_error(4, 3, True)
-    assert diff.max_rel <= 1e-5 and ref.shape == cand.shape
-    diff, _, _ = gradient_error(4, 3, False)
-    assert abs(diff.norm_ratio - 3) <= 1e-4
-    assert gradient_error(2, 5, True, seed=1)[0] == gradient_error(2, 5, True, seed=1)[0]
-    with pytest.raises(ValueError, match="steps must be a positive int"):
-        gradient_error(4, 0)
-
-
-def test_widgets_and_plots_draw(capsys):
-    show_gradient_error(2, 3, False)
-    out = capsys.readouterr().out
-    assert "norm_ratio 3.0000" in out and "effective batch B x K = 6" in out
-    from helpers.plots import figure
-
-    fig, (ax1, ax2) = figure(2)
-    ref = torch.randn(10_000)
-    scatter_grads(ax1, ref, 2 * ref, steps=2, max_points=100)
-    assert len(ax1.collections[0].get_offsets()) == 100
-    model, fn, batches, act = _memory_case()
-    res = micro_step_memory(partial(lambda b, mark: mark("one"), batches), model)
-    plot_micro_step_memory(ax2, {"noop": res}, unit_bytes=act)
-    with pytest.raises(ValueError, match="unit_bytes"):
-        plot_micro_step_memory(ax2, {"noop": res}, unit_bytes=0)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-
-
-def test_examples_per_second():
-    model, fn, x, y = mlp_case()
-    eps = examples_per_second(model, fn, x, y, 8, repeats=1)
-    assert eps is not None and eps > 0
-    with pytest.raises(ValueError, match="micro_batch"):
-        examples_per_second(model, fn, x, y, 0)
-
-
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_equal_gradients_on_cuda():
@@ -300,74 +248,3 @@ def test_equal_gradients_on_cuda():
         assert compare_grads(ref, accumulated_grad(model, fn, x, y, 4)).max_rel <= 1e-5
         unscaled = compare_grads(ref, accumulated_grad(model, fn, x, y, 4, scale=False))
         assert abs(unscaled.norm_ratio - len(x) // 4) <= 1e-4
-
-
-# -- the true gradient, throughput, sizes, protocol, checkers ----------------------------
-def test_group_gradient_leaves_grad_alone_and_matches_full_batch():
-    model, fn, x, y = mlp_case()
-    batches = list(zip(x.split(5), y.split(5), strict=True))  # 5, 5, 5, 5, 4
-    (fn(model(x[:3]), y[:3])).backward()
-    before = flat_grad(model)
-    g = group_gradient(model, fn, batches)
-    assert torch.equal(flat_grad(model), before)  # .grad untouched
-    model.zero_grad(set_to_none=True)
-    assert compare_grads(full_batch_grad(model, fn, x, y), g).max_rel <= 1e-5
-    assert angle_degrees(g, g) < 1e-3 and abs(angle_degrees(g, -g) - 180) < 1e-3
-    with pytest.raises(ValueError, match="empty"):
-        group_gradient(model, fn, [])
-
-
-def test_throughput_sweep_reports_median_and_spread():
-    model, fn, x, y = mlp_case()
-    res = throughput_sweep(model, fn, x, y, [4, 24], rounds=3)
-    for t in res.values():
-        assert t is not None and t.rounds == 3 and t.low <= t.median <= t.high
-    assert all(p.grad is None for p in model.parameters())
-    with pytest.raises(ValueError, match="rounds"):
-        throughput_sweep(model, fn, x, y, [4], rounds=0)
-    with pytest.raises(ValueError, match="larger than the batch"):
-        throughput_sweep(model, fn, x, y, [25])
-
-
-def test_gpt_activation_formula_and_param_count():
-    for cfg, b in [(GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_layers=2, dropout=0.0), 3),
-                   (lab.lesson_sizes("tiny").gpt, 2)]:
-        torch.manual_seed(0)
-        model = GPT(cfg)
-        x, y = token_batch(b, cfg.seq_len, cfg.vocab_size, seed=0)
-        act = saved_activation_bytes(lambda model=model, x=x, y=y: lm_loss(model(x), y))
-        assert abs(act / lab.gpt_activation_bytes(cfg, b) - 1) <= 0.05
-        assert lab.gpt_param_count(cfg) == sum(p.numel() for p in model.parameters())
-    with pytest.raises(TypeError, match="GPTConfig"):
-        lab.gpt_activation_bytes("cfg", 2)
-    with pytest.raises(TypeError, match="micro_batch"):
-        lab.gpt_activation_bytes(cfg, True)
-
-
-@pytest.mark.parametrize("scale", ["tiny", "small", "medium", "full"])
-def test_predicted_peak_fits_the_scale(scale):
-    peak = lab.predicted_peak_bytes(scale)
-    assert 0 < peak <= {"tiny": 1e9, "small": 1e9, "medium": 0.7 * 12e9, "full": 0.7 * 40e9}[scale]
-
-
-def test_widget_latency_cases_run(capsys):
-    cases = lab.widget_latency_cases("tiny", torch.device("cpu"))
-    assert any(k.startswith("memory") for k in cases) and any(k.startswith("gradient") for k in cases)
-    for fn in cases.values():
-        fn()
-    assert "effective batch B x K" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize(
-    ("check", "right", "wrong"),
-    [
-        (lab.check_exercise_1, (1.0,), (8.0,)),
-        (lab.check_exercise_2, (1.0,), (8.0,)),
-        (lab.check_exercise_3, ("keep logits",), ("keep predictions",)),
-        (lab.check_exercise_4, ("c", "item"), ("b", "detach")),
-    ],
-)
-def test_exercise_checkers(check, right, wrong, capsys):
-    assert check(*right).startswith("Correct")
-    assert check(*wrong).startswith("Not yet")
-    assert check(*[None] * len(right)).startswith("Not yet")  # never raises on odd input

@@ -1,0 +1,210 @@
+"""Tests of helpers.accumulation_lab (lesson 03): memory per micro-step, widgets, sizes, checkers."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import matplotlib
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import accumulation_lab as lab
+from helpers.accumulation import compare_grads, flat_grad, full_batch_grad
+from helpers.accumulation_lab import (
+    angle_degrees,
+    gradient_error,
+    group_gradient,
+    micro_step_memory,
+    plot_micro_step_memory,
+    scatter_grads,
+    show_gradient_error,
+    throughput_sweep,
+)
+from helpers.data import regression_batch, token_batch
+from helpers.device import CPU_TRACKER
+from helpers.memory import saved_activation_bytes
+from helpers.models import GPT, GPTConfig, ResidualMLP
+from helpers.training import lm_loss
+
+matplotlib.use("Agg")
+
+
+def mlp_case():
+    torch.manual_seed(0)
+    x, y = regression_batch(24, 8, 3, seed=1)
+    return ResidualMLP(8, 32, 2, 3), F.mse_loss, x, y
+
+
+def gpt_case():
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_layers=2, dropout=0.0)
+    x, y = token_batch(12, 16, 64, seed=2)
+    return GPT(cfg).eval(), lm_loss, x, y
+
+
+# -- instruments and widgets -------------------------------------------------------------
+def _memory_case():
+    model, fn, x, y = gpt_case()
+    batches = list(zip(x.split(4), y.split(4), strict=True))
+    act = saved_activation_bytes(lambda: fn(model(batches[0][0]), batches[0][1]))
+    model.zero_grad(set_to_none=True)
+    return model, fn, batches, act
+
+
+def test_micro_step_memory_flat_for_the_correct_loop_and_growing_for_leaks():
+    model, fn, batches, act = _memory_case()
+    k = len(batches)
+
+    def correct(mark):
+        for i, (x, y) in enumerate(batches):
+            (fn(model(x), y) / k).backward()
+            mark(f"step {i + 1}")
+
+    def retain_and_keep(mark):
+        kept = []
+        for i, (x, y) in enumerate(batches):
+            loss = fn(model(x), y)
+            (loss / k).backward(retain_graph=True)
+            kept.append(loss)
+            mark(f"step {i + 1}")
+
+    def sum_losses(mark):
+        total = 0.0
+        for i, (x, y) in enumerate(batches):
+            total = total + fn(model(x), y) / k
+            mark(f"step {i + 1}")
+        total.backward()
+
+    flat = micro_step_memory(correct, model)
+    assert flat.labels == ["start", "step 1", "step 2", "step 3"]
+    assert abs(flat.growth(1, -1)) <= 64  # only the scalar loss is replaced; batches are not counted
+    assert flat.method == CPU_TRACKER == "cpu-tracker"
+    leak = micro_step_memory(retain_and_keep, model)
+    steps = [b - a for a, b in zip(leak.live_after[1:], leak.live_after[2:], strict=False)]
+    assert min(steps) >= 0.8 * act
+    summed = micro_step_memory(sum_losses, model)
+    assert summed.growth(0, -1) >= 0.9 * k * act
+    assert summed.peak_activations >= 0.7 * k * flat.peak_activations
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_micro_step_memory_rejects_non_callable():
+    with pytest.raises(TypeError, match="callable"):
+        micro_step_memory("loop", mlp_case()[0])
+
+
+def test_gradient_error_widget_function():
+    diff, ref, cand = gradient_error(4, 3, True)
+    assert diff.max_rel <= 1e-5 and ref.shape == cand.shape
+    diff, _, _ = gradient_error(4, 3, False)
+    assert abs(diff.norm_ratio - 3) <= 1e-4
+    assert gradient_error(2, 5, True, seed=1)[0] == gradient_error(2, 5, True, seed=1)[0]
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        gradient_error(4, 0)
+
+
+def test_gradient_error_leaves_the_global_rng_alone():
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    gradient_error(2, 3, True)
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def test_widgets_and_plots_draw(capsys):
+    show_gradient_error(2, 3, False)
+    out = capsys.readouterr().out
+    assert "norm_ratio 3.0000" in out and "effective batch B x K = 6" in out
+    assert "max relative error (max_rel)" in out
+    from helpers.plots import figure
+
+    fig, (ax1, ax2) = figure(2)
+    ref = torch.randn(10_000)
+    scatter_grads(ax1, ref, 2 * ref, steps=2, max_points=100)
+    assert len(ax1.collections[0].get_offsets()) == 100
+    model, fn, batches, act = _memory_case()
+    res = micro_step_memory(partial(lambda b, mark: mark("one"), batches), model)
+    plot_micro_step_memory(ax2, {"noop": res}, unit_bytes=act)
+    with pytest.raises(ValueError, match="unit_bytes"):
+        plot_micro_step_memory(ax2, {"noop": res}, unit_bytes=0)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+# -- the true gradient, throughput, sizes, protocol, checkers ----------------------------
+def test_group_gradient_leaves_grad_alone_and_matches_full_batch():
+    model, fn, x, y = mlp_case()
+    batches = list(zip(x.split(5), y.split(5), strict=True))  # 5, 5, 5, 5, 4
+    (fn(model(x[:3]), y[:3])).backward()
+    before = flat_grad(model)
+    g = group_gradient(model, fn, batches)
+    assert torch.equal(flat_grad(model), before)  # .grad untouched
+    model.zero_grad(set_to_none=True)
+    assert compare_grads(full_batch_grad(model, fn, x, y), g).max_rel <= 1e-5
+    assert angle_degrees(g, g) < 1e-3 and abs(angle_degrees(g, -g) - 180) < 1e-3
+    with pytest.raises(ValueError, match="empty"):
+        group_gradient(model, fn, [])
+
+
+def test_throughput_sweep_reports_median_and_spread():
+    model, fn, x, y = mlp_case()
+    res = throughput_sweep(model, fn, x, y, [4, 24], rounds=3)
+    for t in res.values():
+        assert t is not None and t.rounds == 3 and t.low <= t.median <= t.high
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError, match="rounds"):
+        throughput_sweep(model, fn, x, y, [4], rounds=0)
+    with pytest.raises(ValueError, match="larger than the batch"):
+        throughput_sweep(model, fn, x, y, [25])
+
+
+def test_gpt_activation_formula_and_param_count():
+    for cfg, b in [(GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_layers=2, dropout=0.0), 3),
+                   (lab.lesson_sizes("tiny").gpt, 2)]:
+        torch.manual_seed(0)
+        model = GPT(cfg)
+        x, y = token_batch(b, cfg.seq_len, cfg.vocab_size, seed=0)
+        act = saved_activation_bytes(lambda model=model, x=x, y=y: lm_loss(model(x), y))
+        assert abs(act / lab.gpt_activation_bytes(cfg, b) - 1) <= 0.05
+        assert lab.gpt_param_count(cfg) == sum(p.numel() for p in model.parameters())
+    with pytest.raises(TypeError, match="GPTConfig"):
+        lab.gpt_activation_bytes("cfg", 2)
+    with pytest.raises(TypeError, match="micro_batch"):
+        lab.gpt_activation_bytes(cfg, True)
+
+
+@pytest.mark.parametrize("scale", ["tiny", "small", "medium", "full"])
+def test_predicted_peak_fits_the_scale(scale):
+    peak = lab.predicted_peak_bytes(scale)
+    assert 0 < peak <= {"tiny": 1e9, "small": 1e9, "medium": 0.7 * 12e9, "full": 0.7 * 40e9}[scale]
+
+
+def test_widget_latency_cases_run(capsys):
+    cases = lab.widget_latency_cases("tiny", torch.device("cpu"))
+    assert any(k.startswith("memory") for k in cases) and any(k.startswith("gradient") for k in cases)
+    for fn in cases.values():
+        fn()
+    assert "effective batch B x K" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("check", "right", "wrong"),
+    [
+        (lab.check_exercise_1, (1.0,), (8.0,)),
+        (lab.check_exercise_2, (1.0,), (8.0,)),
+        (lab.check_exercise_3, ("keep logits",), ("keep predictions",)),
+        (lab.check_exercise_4, ("c", "item"), ("b", "detach")),
+    ],
+)
+def test_exercise_checkers(check, right, wrong, capsys):
+    assert check(*right).startswith("Correct")
+    assert check(*wrong).startswith("Not yet")
+    assert check(*[None] * len(right)).startswith("Not yet")  # never raises on odd input
+
+
+def test_tracker_method_labels():
+    from helpers.device import TENSOR_TRACKER
+
+    assert lab.tracker_method("cpu") == CPU_TRACKER
+    assert lab.tracker_method(torch.device("cuda")) == TENSOR_TRACKER == "tensor-tracker"
