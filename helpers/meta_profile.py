@@ -51,12 +51,12 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers.checks import ArgTypeError, callable_arg, choice, positive_int
 from helpers.memory import MemoryTracker
+from helpers.models import BlockWrapper
 from helpers.planner import MemoryProfile, fit_profile
-from helpers.training import lm_loss
+from helpers.training import OPTIMIZERS, lm_loss, make_optimizer
 
 __all__ = [
     "CHECKPOINTS",
-    "OPTIMIZERS",
     "PRECISIONS",
     "TARGETS",
     "BatchSpec",
@@ -64,14 +64,11 @@ __all__ = [
     "StepProfile",
     "blocks_of",
     "checkpointed_blocks",
-    "make_optimizer",
 ]
 
 TARGETS = ("cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
 CHECKPOINTS = ("none", "blocks")
-BlockWrapper = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 
 
 # ---------------------------------------------------------------------------
@@ -138,17 +135,6 @@ class BatchSpec:
 # ---------------------------------------------------------------------------
 # Optimizers and checkpointing
 # ---------------------------------------------------------------------------
-
-
-def make_optimizer(name: str, model: nn.Module, *, foreach: bool = False) -> torch.optim.Optimizer:
-    """An optimizer by name (`OPTIMIZERS`); `foreach=True` is CUDA's default implementation."""
-    choice("optimizer", name, OPTIMIZERS)
-    params = [p for p in model.parameters() if p.requires_grad]
-    if name == "adam":
-        return torch.optim.Adam(params, lr=1e-3, foreach=foreach)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-3, foreach=foreach)
-    return torch.optim.SGD(params, lr=1e-3, momentum=0.9 if name == "sgd-momentum" else 0.0, foreach=foreach)
 
 
 def _checkpoint_block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -20,14 +20,13 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from helpers.checks import callable_arg, choice, positive_int
+from helpers.checks import callable_arg, positive_int
 from helpers.data import token_batch
 from helpers.memory import MemoryTracker
-from helpers.models import GPT
-from helpers.training import lm_loss
+from helpers.models import GPT, device_of
+from helpers.training import lm_loss, make_optimizer
 
 __all__ = [
-    "OPTIMIZERS",
     "PhaseMemory",
     "UpdateMeasurer",
     "accumulate_update",
@@ -35,7 +34,6 @@ __all__ = [
     "measure_phases",
 ]
 
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
 
 
 def checkpoint_every_block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -52,13 +50,6 @@ def accumulate_update(
         loss = lm_loss(model(idx), targets)
         (loss / len(batches)).backward()
     optimizer.step()
-
-
-def _make_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
-    choice("optimizer", name, OPTIMIZERS)
-    if name == "adam":
-        return torch.optim.Adam(model.parameters(), lr=1e-3)
-    return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9 if name == "sgd-momentum" else 0.0)
 
 
 # -- Measuring both phases of an update ------------------------------------------------------------
@@ -150,7 +141,7 @@ def measure_phases(
             breakdown["other"] += max(0, allocator[key] - foreign - sum(breakdown.values()))
     f_peak, o_peak = sum(fwd.values()), sum(opt.values())
     top = fwd if f_peak >= o_peak else opt
-    device = str(next(model.parameters()).device)
+    device = str(device_of(model))
     method = "cuda-allocator" if cuda else "cpu-tracker"
     return PhaseMemory(max(f_peak, o_peak), dict(top), device, method, f_peak, fwd, o_peak, opt)
 
@@ -179,12 +170,12 @@ class UpdateMeasurer:
         if isinstance(optimizer, torch.optim.Optimizer):
             self.optimizer = optimizer  # shared: one set of optimizer state on the device
         else:
-            self.optimizer = _make_optimizer(optimizer, model)
+            self.optimizer = make_optimizer(optimizer, model)
         self._warm = bool(self.optimizer.state)
 
     def batches(self, micro_batch: int, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """`steps` token micro-batches of `micro_batch` sequences on the model's device."""
-        cfg, device = self.model.cfg, next(self.model.parameters()).device
+        cfg, device = self.model.cfg, device_of(self.model)
         return [token_batch(micro_batch, cfg.seq_len, cfg.vocab_size, seed=self.seed + i, device=device)
                 for i in range(steps)]
 

@@ -36,11 +36,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from helpers.checks import ArgTypeError, choice, number_in_range, positive_int, positive_number
+from helpers.checks import ArgTypeError, answer_number, choice, number_in_range, positive_int, positive_number
 from helpers.device import SCALES, by_scale
 from helpers.meta_profile import (
     CHECKPOINTS,
-    OPTIMIZERS,
     PRECISIONS,
     TARGETS,
     BatchSpec,
@@ -49,6 +48,7 @@ from helpers.meta_profile import (
 )
 from helpers.models import GPT, ConvNet, GPTConfig
 from helpers.planner import MemoryProfile, Plan, recommend, remedy_floors
+from helpers.training import OPTIMIZERS
 
 __all__ = [
     "CARDS_GB",
@@ -710,14 +710,10 @@ def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable
     return {name: (lambda kw={**base, **change}: show_plan(**kw)) for name, change in moves.items()}
 
 
-def _number(answer: object) -> float | None:
-    return None if isinstance(answer, bool) or not isinstance(answer, int | float) else float(answer)
-
-
 def check_exercise_1(floor_gb: object) -> str:
     """Exercise 1: the floor of llama-7b with fp32 Adam, in GB (decimal)."""
     truth = preset_profile("llama-7b", 4096, "none").floor_bytes / GB
-    x = _number(floor_gb)
+    x = answer_number(floor_gb)
     if x is None:
         msg = f"Give a number of GB, got {type(floor_gb).__name__}."
     elif abs(x - truth) <= 0.02 * truth:
@@ -756,7 +752,7 @@ def check_exercise_3(bytes_saved: object) -> str:
         preset_profile("gpt2-xl", 1024, "none").activation_bytes_per_example
         - preset_profile("gpt2-xl", 1024, "blocks").activation_bytes_per_example
     )
-    x = _number(bytes_saved)
+    x = answer_number(bytes_saved)
     if x is None:
         msg = f"Give a number of bytes, got {type(bytes_saved).__name__}."
     elif abs(x - truth) <= 0.03 * truth:

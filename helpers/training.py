@@ -3,8 +3,10 @@
 - `lm_loss(logits, targets)`: next-token cross-entropy, the one language-model loss
   every lesson and test uses. Its signature is a `loss_fn(outputs, targets)`, so it
   plugs straight into `helpers.accumulation.accumulated_grad`.
-- `make_optimizer(name, model)`: the lessons' two optimizers by name (`OPTIMIZERS`):
-  plain SGD, which keeps no state, and Adam, which keeps two tensors per parameter.
+- `make_optimizer(name, model)`: the lessons' optimizers by name (`OPTIMIZERS`): plain
+  SGD, which keeps no state, SGD with momentum (one tensor per parameter), and Adam and
+  AdamW (two tensors per parameter, plus a step counter per parameter tensor);
+  `STATE_PER_PARAM` says how many parameter-sized state tensors each keeps.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from torch import nn
 
 from helpers.checks import choice, instance_arg, tensor_arg
 
-__all__ = ["IGNORE_INDEX", "OPTIMIZERS", "REDUCTIONS", "lm_loss", "make_optimizer"]
+__all__ = ["IGNORE_INDEX", "OPTIMIZERS", "REDUCTIONS", "STATE_PER_PARAM", "lm_loss", "make_optimizer"]
 
 IGNORE_INDEX = -100  # PyTorch's and Hugging Face's label for padding: no loss, no gradient
 REDUCTIONS = ("mean", "sum", "none")
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
+STATE_PER_PARAM = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}  # parameter-sized state tensors
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
@@ -41,10 +44,17 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "me
                            reduction=reduction)
 
 
-def make_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
-    """'sgd' (plain, no momentum: no state) or 'adam' (two state tensors per parameter), lr 1e-3."""
+def make_optimizer(name: str, model: nn.Module, *, foreach: bool | None = None) -> torch.optim.Optimizer:
+    """The optimizer `name` (one of `OPTIMIZERS`) over `model`'s trainable parameters, lr 1e-3.
+
+    `foreach=None` lets torch pick its implementation; `True` is CUDA's default multi-tensor
+    one (larger temporaries in the step), `False` the one-tensor-at-a-time loop.
+    """
     choice("optimizer", name, OPTIMIZERS)
     instance_arg("model", model, nn.Module, "torch.nn.Module")
-    if name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=1e-3)
-    return torch.optim.Adam(model.parameters(), lr=1e-3)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-3, foreach=foreach)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, foreach=foreach)
+    return torch.optim.SGD(params, lr=1e-3, momentum=0.9 if name == "sgd-momentum" else 0.0, foreach=foreach)

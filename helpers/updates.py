@@ -23,7 +23,7 @@ from helpers.checks import choice, instance_arg, int_at_least, positive_int
 from helpers.data import token_batch
 from helpers.memory import StepMemory, measure_step, run_or_oom
 from helpers.models import GPT, BlockWrapper, GPTConfig, device_of
-from helpers.training import OPTIMIZERS, lm_loss, make_optimizer
+from helpers.training import OPTIMIZERS, STATE_PER_PARAM, lm_loss, make_optimizer
 
 __all__ = [
     "BUDGET_LABEL", "FP32", "ConfigMemory", "LinearFit", "activation_bytes_per_example", "activation_sweep",
@@ -82,8 +82,8 @@ def predicted_update_peak_bytes(cfg: GPTConfig, micro_batch: int, *, optimizer: 
     """Predicted peak of one accumulation update of `steps` micro-batches (float32, CPU tracker).
 
     The peak comes at the start of the last micro-step's backward: parameters,
-    gradients (alive from the second micro-step on), optimizer state (Adam:
-    two moments plus a 4-byte step counter per parameter tensor), the micro-batch's
+    gradients (alive from the second micro-step on), optimizer state (`STATE_PER_PARAM`
+    parameter-sized tensors; Adam also a 4-byte step counter per parameter tensor), the micro-batch's
     activations (`activation_bytes_per_example`), and, as "other", the gradient of
     the logits and of their log-softmax (2 sV floats per example) and the causal
     masks (L s^2 bytes). On a GPU the caching allocator adds rounding, and Adam's
@@ -95,7 +95,8 @@ def predicted_update_peak_bytes(cfg: GPTConfig, micro_batch: int, *, optimizer: 
     _check_formula_config(cfg)
     n_elements, n_tensors = param_counts(cfg)
     p = FP32 * n_elements
-    state = 2 * p + FP32 * n_tensors if optimizer == "adam" else 0
+    counters = FP32 * n_tensors if optimizer in ("adam", "adamw") else 0  # one step counter per tensor
+    state = STATE_PER_PARAM[optimizer] * p + counters
     grads = p if steps >= 2 else 0
     s, v = cfg.seq_len, cfg.vocab_size
     per_example = activation_bytes_per_example(cfg) + 2 * FP32 * s * v

@@ -36,7 +36,7 @@ def test_lm_loss_checks_its_arguments() -> None:
 
 def test_make_optimizer() -> None:
     model = torch.nn.Linear(2, 2)
-    assert OPTIMIZERS == ("sgd", "adam")
+    assert OPTIMIZERS == ("sgd", "sgd-momentum", "adam", "adamw")
     sgd, adam = make_optimizer("sgd", model), make_optimizer("adam", model)
     assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0
     assert isinstance(adam, torch.optim.Adam)
@@ -45,3 +45,17 @@ def test_make_optimizer() -> None:
         make_optimizer("lion", model)
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         make_optimizer("sgd", [torch.zeros(1)])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["sgd", "sgd-momentum", "adam", "adamw"])
+def test_state_per_param_matches_what_the_optimizer_keeps(name: str) -> None:
+    from helpers.training import STATE_PER_PARAM
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    opt = make_optimizer(name, model)
+    model(torch.randn(5, 3)).sum().backward()
+    opt.step()
+    n_params = sum(p.numel() for p in model.parameters())
+    state = sum(t.numel() for s in opt.state.values() for t in s.values()
+                if isinstance(t, torch.Tensor) and t.dim() > 0)
+    assert state == STATE_PER_PARAM[name] * n_params
