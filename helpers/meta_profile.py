@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -139,6 +140,26 @@ class BatchSpec:
 
 def _checkpoint_block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return checkpoint(block, x, use_reentrant=False)
+
+
+@contextlib.contextmanager
+def _meta_rng_module() -> Iterator[None]:
+    """Let checkpoint's recompute fork the RNG of meta tensors on older torch.
+
+    Checkpoint's recompute calls `torch.random.fork_rng(device_type="meta")`, which on
+    torch 2.5 looks up a `torch.meta` module and raises if there is none, although it
+    then forks no meta device (the meta device has no random state). For the duration
+    of a meta profile, an empty stand-in module answers that lookup; newer torch does
+    not need it, and it is removed afterwards.
+    """
+    if hasattr(torch, "meta"):
+        yield
+        return
+    torch.meta = types.ModuleType("torch.meta")  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        del torch.meta  # type: ignore[attr-defined]
 
 
 def blocks_of(model: nn.Module) -> nn.ModuleList:
@@ -607,6 +628,8 @@ class Profiler:
                 modes.enter_context(rule)
             if kernels is not None:
                 modes.enter_context(kernels)
+            if self.meta:
+                modes.enter_context(_meta_rng_module())
             if not self._warm:
                 self._init_state()
             batches = [self.spec.batch(b, self.device, self.seed + i) for i in range(k)]
