@@ -134,7 +134,7 @@ def _value(row: Row) -> str:
     if v == 0 or abs(v) >= 1000:
         text = f"{v:,.0f}"
     elif abs(v) >= 1e-3:
-        text = f"{v:.4g}"
+        text = f"{v:.6g}"
     else:
         text = f"{v:.1e}"
     return f"{text} {row.unit}"

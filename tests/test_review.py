@@ -133,3 +133,11 @@ def test_explore_widget_prints_the_effective_batch_and_checks(capsys: pytest.Cap
     assert review.explore_accumulation(2, 3, lab) is None
     out = capsys.readouterr().out
     assert "effective batch B x K = 2 x 3 = 6" in out and "3.000 = K" in out
+
+
+def test_readme_key_figures_come_from_the_ledger() -> None:
+    text = (ROOT / "README.md").read_text()
+    block = text.split(review.README_START, 1)[1].split(review.README_END, 1)[0]
+    assert "python -m helpers.review --readme README.md" in block
+    for c in review.CLAIMS:
+        assert f"| {c.id} | {c.text} | {c.lesson} |" in block, c.id
