@@ -44,6 +44,7 @@ __all__ = [
     "count_allreduces",
     "data_parallel_report",
     "ddp_accumulated_grad",
+    "fsdp_runs_here",
     "draw_report",
     "lesson_data",
     "lesson_model",
@@ -255,6 +256,21 @@ class BatchSizes:
     def __str__(self) -> str:
         return (f"{self.micro_batch} (B) x {self.accumulation_steps} (K) x {self.world_size} (W) "
                 f"= {self.train_batch} examples per update")
+
+
+def fsdp_runs_here(backend: str) -> tuple[bool, str]:
+    """Whether FSDP2 (`fully_shard`) runs with `backend` on this torch, and if not, why.
+
+    With NCCL (GPUs) it does. With gloo on CPU it needs torch 2.6 or newer: torch 2.5's
+    FSDP2 stops with "FSDP requires CUDA for streams".
+    """
+    choice("backend", backend, ("gloo", "nccl"))
+    if backend == "nccl":
+        return True, ""
+    major, minor = (int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if (major, minor) >= (2, 6):
+        return True, ""
+    return False, f"FSDP2 on CPU (gloo) needs torch 2.6 or newer; this is torch {torch.__version__}"
 
 
 def check_batch_sizes(train_batch: int | None = None, micro_batch: int | None = None,

@@ -157,3 +157,16 @@ def test_widget_report(pool: WorkerPool) -> None:
     import matplotlib.pyplot as plt
 
     plt.close(D.draw_report(report))
+
+
+def test_fsdp_runs_here_by_backend_and_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from helpers import distributed
+
+    assert distributed.fsdp_runs_here("nccl") == (True, "")
+    monkeypatch.setattr(distributed.torch, "__version__", "2.5.1+cu124")
+    ok, why = distributed.fsdp_runs_here("gloo")
+    assert not ok and "2.6" in why and "2.5.1" in why
+    monkeypatch.setattr(distributed.torch, "__version__", "2.13.0+cpu")
+    assert distributed.fsdp_runs_here("gloo") == (True, "")
+    with pytest.raises(ValueError, match="backend"):
+        distributed.fsdp_runs_here("mpi")
