@@ -18,7 +18,7 @@ MATRIX  ?= .matrix
 KIT_PY  ?= 3.12
 
 .PHONY: setup lab test lint unit notebooks bench gpu gpu-kit test-matrix test-matrix-floor \
-	test-matrix-newest env-check clean
+	test-matrix-newest env-check mutate clean
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,11 @@ test-matrix-newest:  ## ... on the newest torch on PyPI, in $(MATRIX)/newest
 
 gpu-kit:  ## wheels (CPython $(KIT_PY), manylinux x86-64) a GPU machine without network needs, into .whl/
 	bash scripts/gpu_kit.sh $(KIT_PY)
+
+# Not part of `make test`. MUTATE_MODULES="memory tokens" limits it; survivors judged harmless: docs/mutants.md.
+mutate: setup  ## mutation testing of the measuring helpers (mutmut 2): score + surviving mutants
+	$(PY) -m pip install -q 'mutmut==2.5.1'
+	PY=$(PY) bash scripts/mutate.sh
 
 gpu:  ## on a CUDA machine: cuda tests, every notebook at the largest scale, 24/16 GB stand-ins
 	bash scripts/gpu_check.sh

@@ -399,7 +399,7 @@ def draw_report(report: DataParallelReport) -> object:
 
 
 def show_data_parallel(micro_batch: int = 4, accumulation_steps: int = 4, world_size: int = 2,
-                       *, width: int = 64) -> DataParallelReport:
+                       *, width: int = 64) -> None:
     """The widget's work: measure with `data_parallel_report` on the shared pool, print and draw it."""
     from helpers import plots
 
@@ -411,7 +411,6 @@ def show_data_parallel(micro_batch: int = 4, accumulation_steps: int = 4, world_
           f"{report.calls_every_step} without | gradient {match} one process on {s.train_batch} examples "
           f"(max_rel {report.diff.max_rel:.1e}) | ranks agree: {report.ranks_agree}")
     plots.show(draw_report(report))
-    return report
 
 
 # -- the lesson protocol -----------------------------------------------------------------------

@@ -248,3 +248,25 @@ def test_equal_gradients_on_cuda():
         assert compare_grads(ref, accumulated_grad(model, fn, x, y, 4)).max_rel <= 1e-5
         unscaled = compare_grads(ref, accumulated_grad(model, fn, x, y, 4, scale=False))
         assert abs(unscaled.norm_ratio - len(x) // 4) <= 1e-4
+
+
+def test_accumulated_grad_matches_the_notebooks_loop():
+    """Lesson 03 writes this loop itself; the helper the lessons check against must agree with it."""
+    model, fn, x, y = mlp_case()
+    model.zero_grad(set_to_none=True)
+    n = x.shape[0]
+    for xb, yb in zip(x.split(10), y.split(10), strict=True):  # the notebook's loop: 10, 10, 4
+        (fn(model(xb), yb) * xb.shape[0] / n).backward()
+    by_hand = flat_grad(model)
+    model.zero_grad(set_to_none=True)
+    torch.testing.assert_close(accumulated_grad(model, fn, x, y, 10), by_hand, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(accumulated_grad(model, fn, x, y, 12, scale=False),
+                               2 * full_batch_grad(model, fn, x, y), rtol=1e-5, atol=1e-6)
+
+
+def test_compare_grads_with_a_zero_candidate():
+    """A zero gradient (a frozen model, a forgotten backward) has cosine 0, not 1 and not an error."""
+    ref = torch.tensor([3.0, 4.0])
+    d = compare_grads(ref, torch.zeros(2))
+    assert d.cosine == 0.0 and d.norm_ratio == 0.0 and d.max_abs == 4.0 and d.l2_rel == 1.0
+

@@ -208,3 +208,25 @@ def test_tracker_method_labels():
 
     assert lab.tracker_method("cpu") == CPU_TRACKER
     assert lab.tracker_method(torch.device("cuda")) == TENSOR_TRACKER == "tensor-tracker"
+
+
+def test_throughput_sweep_with_a_step_of_known_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake clock that moves only inside the update, by known seconds (issue 16: an inverted
+    examples-per-second, or a median without sorting, passed a test that asserted only > 0)."""
+    now = [0.0]
+    cost = {2: [9.0, 0.2, 0.4, 0.25], 8: [9.0, 1.0, 1.0, 1.0]}  # warm-up first (not timed), 3 rounds
+
+    def fake_update(model, loss_fn, inputs, targets, micro_batch):  # noqa: ANN001, ANN202
+        now[0] += cost[micro_batch].pop(0)
+        return torch.zeros(1)
+
+    monkeypatch.setattr(lab.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(lab, "accumulated_grad", fake_update)
+    model, fn, x, y = mlp_case()
+    n = x.shape[0]
+    res = throughput_sweep(model, fn, x, y, [2, 8], rounds=3)
+    t2, t8 = res[2], res[8]
+    assert (t2.median, t2.low, t2.high, t2.rounds) == pytest.approx((n / 0.25, n / 0.4, n / 0.2, 3))
+    assert (t8.median, t8.low, t8.high, t8.rounds) == pytest.approx((n / 1.0, n / 1.0, n / 1.0, 3))
+    assert cost == {2: [], 8: []}  # one warm-up and three rounds each
+

@@ -362,7 +362,7 @@ def test_lesson_offers_micro_batch_and_steps_controls(runs: dict[str, LessonRun]
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
 def test_lesson_shows_the_effective_batch(runs: dict[str, LessonRun], path: Path) -> None:
     run = _lesson(runs, path)
-    assert re.search(r"B\s*x\s*K\s*=\s*\d", run.widget_text), (
+    assert re.search(r"B\s*x\s*K(\s*x\s*W)?\s*=\s*\d", run.widget_text), (  # lesson 07 adds W
         f"{path.name}: no widget output shows the effective batch as text "
         f"('effective batch B x K = N'; a figure title cannot be read here)")
 

@@ -320,3 +320,32 @@ def test_exercise_2_checker_leaves_the_global_rng_alone() -> None:
     assert ckpt.check_exercise_2(None).startswith("Hint")
     ckpt.check_exercise_2(lambda ctx, op, *args, **kwargs: CheckpointPolicy.PREFER_RECOMPUTE)
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_trade_off_flops_against_an_independent_count() -> None:
+    """TradeOffLab's FLOPs against FlopCounterMode around the lesson's own step (issue 16).
+
+    Plain: K x one `lm_loss(model(idx), targets).backward()`, counted here. Checkpointed: the
+    extra is the recomputation, at most one forward of every block (counted here, block by
+    block) and at least half of it (non-reentrant checkpoint stops recomputing early, once
+    every tensor backward needs is back, so the blocks' last matmuls may be skipped).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = explainer_model("tiny", torch.device("cpu"))
+    lab = ckpt.TradeOffLab(model, repeats=1)
+    b, k = 2, 3
+    plain, ck = lab.measure(b, k, False), lab.measure(b, k, True)
+    cfg = model.cfg
+    idx, targets = token_batch(b, cfg.seq_len, cfg.vocab_size, seed=0)
+    with FlopCounterMode(display=False) as step:
+        lm_loss(model(idx), targets).backward()
+    model.zero_grad(set_to_none=True)
+    h = torch.randn(b, cfg.seq_len, cfg.d_model)
+    with torch.no_grad(), FlopCounterMode(display=False) as blocks:
+        for block in model.blocks:
+            h = block(h)
+    forward_of_blocks = k * blocks.get_total_flops()
+    assert plain.flops_per_update == ck.plain_flops_per_update == k * step.get_total_flops()
+    assert plain.extra_flops == 0
+    assert 0.5 * forward_of_blocks <= ck.extra_flops <= forward_of_blocks, (ck.extra_flops, forward_of_blocks)

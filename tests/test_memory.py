@@ -20,6 +20,7 @@ from helpers.memory import (
     measure_step,
     new_live_bytes,
     record_timeline,
+    run_or_oom,
     saved_activation_bytes,
 )
 from helpers.models import GPTBlock, GPTConfig, ResidualMLP
@@ -152,15 +153,25 @@ def test_breakdown_sums_to_peak_and_agrees_with_memtracker(name: str) -> None:
     step()  # optimizer state exists from now on
     mem = measure_step(step, model=model, optimizer=opt)
     assert set(mem.breakdown) == set(CATEGORIES)
-    assert sum(mem.breakdown.values()) == mem.peak_bytes
     assert mem.method == "cpu-tracker" and mem.device == "cpu"
 
     mt = MemTracker()
     mt.track_external(model, opt)
     with mt:
         step()
-    ref = mt.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    snap = mt.get_tracker_snapshot("peak")[torch.device("cpu")]
+    ref = snap["Total"]
     assert abs(mem.peak_bytes - ref) <= 0.05 * ref, (mem.peak_bytes, ref)
+    # Per category, against MemTracker and a hand count: state that lives through the whole step.
+    by_name = {str(k.value) if hasattr(k, "value") else k: v for k, v in snap.items()}
+    params = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    assert mem.breakdown["parameters"] == by_name["Parameter"] == params
+    n_state = sum(len(st) for st in opt.state.values())  # exp_avg, exp_avg_sq and a step counter each
+    assert 2 * params <= mem.breakdown["optimizer_state"] <= 2 * params + 8 * n_state
+    b = mem.breakdown
+    assert mem.floor_bytes == b["parameters"] + b["gradients"] + b["optimizer_state"] > 3 * params
+    buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
+    assert buffers <= mem.breakdown["other"]  # BatchNorm statistics are "other", never activations
 
 
 def test_step_categories() -> None:
@@ -171,12 +182,53 @@ def test_step_categories() -> None:
     p = sum(q.numel() * 4 for q in model.parameters())
     assert end["parameters"] == end["gradients"] == p
     assert 2 * p <= end["optimizer_state"] <= 2 * p + 4 * 64  # + one step counter per tensor
+    assert end["activations"] == 0  # the graph is freed after backward
+
+
+def test_peak_breakdown_of_a_plain_step_is_its_floor_plus_the_saved_tensors() -> None:
+    """measure_step's peak categories against a hand count, on a model with known shapes.
+
+    SGD without momentum keeps no state. The peak comes in backward through the first
+    Tanh: its output h (1024 x 512 floats) is still saved, and backward holds two
+    temporaries of the same size (the gradient w.r.t. h and w.r.t. the first Linear's
+    output). The second Linear's gradients are written by then, the first's not yet.
+    """
+    model = nn.Sequential(nn.Linear(64, 512), nn.Tanh(), nn.Linear(512, 64), nn.Tanh())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(1024, 64)  # activations (MBs) dwarf the parameters (~260 KB)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        opt.step()
+
+    mem = measure_step(step, model=model, optimizer=opt)
+    h = 1024 * 512 * 4
+    b = mem.breakdown
+    assert b["parameters"] == sum(q.numel() * 4 for q in model.parameters())
+    assert b["optimizer_state"] == 0
+    assert b["gradients"] == sum(q.numel() * 4 for q in model[2].parameters())
+    assert h <= b["activations"] <= h + 64, b  # h (+ scalars); backward temporaries are not activations
+    assert 2 * h <= b["other"] <= 2 * h + 64, b
+    assert mem.floor_bytes == b["parameters"] + b["gradients"]
+    assert mem.peak_bytes == sum(b.values())
 
 
 def test_no_grad_forward_keeps_nothing() -> None:
     model = ResidualMLP(32, 64, 3, 8)
     with torch.no_grad():
         assert new_live_bytes(lambda: model(torch.randn(16, 32))) == 0
+
+
+def test_new_live_bytes_counts_what_fn_keeps_but_not_its_result() -> None:
+    kept: list[torch.Tensor] = []
+
+    def fn() -> torch.Tensor:
+        kept.append(torch.ones(100))  # 400 bytes that outlive the call
+        torch.ones(1000)  # freed at once
+        return torch.ones(50)  # the result: excluded
+
+    assert new_live_bytes(fn) == 400 and len(kept) == 1
 
 
 def test_tracker_marks_follow_live_memory() -> None:
@@ -192,14 +244,20 @@ def test_tracker_marks_follow_live_memory() -> None:
 
 def test_bad_inputs_get_clear_errors() -> None:
     model = ResidualMLP(4, 8, 1, 1)
-    with pytest.raises(ValueError, match="step must be a zero-argument callable.*got int"):
+    with pytest.raises(ValueError, match="^step must be a zero-argument callable.*got int"):
         measure_step(3, model=model)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="model must be a torch.nn.Module"):
+    with pytest.raises(ValueError, match="^model must be a torch.nn.Module"):
         measure_step(lambda: None, model="model")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="requires grad.*tensor without grad"):
+    with pytest.raises(ValueError, match="requires grad.*got a tensor without grad$"):
         saved_activation_bytes(lambda: model(torch.randn(2, 4)).detach())
-    with pytest.raises(ValueError, match="forward must be a zero-argument callable"):
+    with pytest.raises(ValueError, match="^forward must be a zero-argument callable"):
         saved_activation_bytes(None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="^step must be a zero-argument callable.*got str"):
+        record_timeline("step", model=model)  # type: ignore[arg-type]
+    for helper in (new_live_bytes, run_or_oom):
+        with pytest.raises(ValueError, match="^fn must be a zero-argument callable.*got NoneType"):
+            helper(None)  # type: ignore[arg-type]
+    assert run_or_oom(lambda: 7) == 7
 
 
 @pytest.mark.cuda

@@ -118,3 +118,18 @@ def test_seeded_gpt_is_repeatable() -> None:
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
     with pytest.raises(TypeError, match="cfg must be a helpers.models.GPTConfig"):
         seeded_gpt({"d_model": 8}, "cpu")  # type: ignore[arg-type]
+
+
+def test_param_bytes_counts_tied_and_offset_views_once() -> None:
+    """Tied weights, and two parameters viewing one storage at different offsets (issue 16)."""
+    tied = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    tied[1].weight = tied[0].weight
+    assert param_bytes(tied) == 10 * 4 * 4
+    flat = torch.zeros(100)  # 400 bytes
+    shared = torch.nn.Module()
+    shared.a = torch.nn.Parameter(torch.empty(0))
+    shared.b = torch.nn.Parameter(torch.empty(0))
+    shared.a.data = flat[:60].view(6, 10)
+    shared.b.data = flat[40:]  # starts 160 bytes in: its data_ptr differs, its storage does not
+    assert shared.b.data_ptr() != shared.a.data_ptr()
+    assert param_bytes(shared) == 400  # the storage once, not 60 * 4 + 60 * 4

@@ -17,6 +17,7 @@ from helpers.tokens import (
     micro_batch_loss,
     naive_step,
     pad_sequences,
+    pretrain,
     sequence_lengths,
     split_micro_batches,
     tiny_lm,
@@ -192,7 +193,7 @@ def test_report_is_pure_and_shows_the_bug(model: torch.nn.Module) -> None:
     assert len(r.tokens_per_micro_batch) == 4
     assert r.naive.max_rel > 1e-3 and r.fixed.max_rel <= 1e-5
     assert r.fixed_loss == pytest.approx(r.full_loss, rel=1e-5)
-    assert r.loss_gap == pytest.approx(r.naive_loss - r.full_loss)
+    assert r.loss_gap == pytest.approx(r.naive_loss - r.full_loss)  # the property, once
     assert token_weighting_report(model, 4, 0.0, n_seqs=8).naive.max_rel <= 1e-5
     assert token_weighting_report(model, 1, 1.0, n_seqs=8).naive.max_rel <= 1e-5
 
@@ -237,3 +238,67 @@ def test_accumulation_report_uses_b_times_k_sequences(model: torch.nn.Module) ->
             accumulation_report(model, args["micro_batch"], args["k"], args["spread"])
     with pytest.raises(TypeError, match="micro_batch"):
         accumulation_report(model, True, 2, 0.5)  # type: ignore[arg-type]
+
+
+def test_report_losses_match_a_hand_computed_cross_entropy(model: torch.nn.Module) -> None:
+    """The logged losses, computed here with F.cross_entropy on each sequence, not with the helpers.
+
+    Full batch: every valid token's loss over the number of valid tokens. Naive: each
+    micro-batch's own token mean, averaged over the K micro-batches.
+    """
+    samples = variable_length_sequences(8, L, V, spread=1.0, seed=0)  # what the report draws
+    with torch.no_grad():
+        per_seq = [F.cross_entropy(model(x[None])[0], y, reduction="none") for x, y in samples]
+    k, b = 4, 2
+    tokens = [sum(len(t) for t in per_seq[i * b:(i + 1) * b]) for i in range(k)]
+    sums = [sum(float(t.sum()) for t in per_seq[i * b:(i + 1) * b]) for i in range(k)]
+    full = sum(sums) / sum(tokens)
+    naive = sum(s / n for s, n in zip(sums, tokens, strict=True)) / k
+    r = token_weighting_report(model, k, 1.0, n_seqs=8, seed=0)
+    assert r.tokens_per_micro_batch == tokens
+    assert len(set(tokens)) > 1 and abs(naive - full) > 1e-3  # the lengths differ enough to matter
+    assert r.full_loss == pytest.approx(full, rel=1e-5)
+    assert r.fixed_loss == pytest.approx(full, rel=1e-5)
+    assert r.naive_loss == pytest.approx(naive, rel=1e-5)
+    assert r.loss_gap == pytest.approx(naive - full, rel=1e-4, abs=1e-6)
+    assert r.micro_batch == b and r.effective_batch == 8
+
+
+def test_pretrain_lowers_the_loss_and_leaves_no_gradients() -> None:
+    lm = tiny_lm(vocab_size=V, max_len=L, d_model=16, n_layers=1, seed=0)
+    before = [p.detach().clone() for p in lm.parameters()]
+    losses = pretrain(lm, steps=30, n_seqs=8, lr=1e-2)
+    assert len(losses) == 30 and all(isinstance(v, float) for v in losses)
+    assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5  # Adam at lr 1e-2 learns the pattern
+    assert any(not torch.equal(a, p) for a, p in zip(before, lm.parameters(), strict=True))
+    assert all(p.grad is None for p in lm.parameters())
+
+
+def test_the_shortest_sequences_have_two_tokens() -> None:
+    assert sequence_lengths(5, 2, 1.0) == [2] * 5  # max_len 2 is allowed: one input, one label
+    with pytest.raises(ValueError, match="max_len"):
+        sequence_lengths(5, 1, 1.0)
+
+
+def test_naive_step_rejects_a_zero_divisor(model: torch.nn.Module) -> None:
+    mbs = split_micro_batches(_samples(4), 2)
+    with pytest.raises(ValueError, match="divide_by"):
+        naive_step(model, mbs, divide_by=0)
+    with pytest.raises(ValueError, match="at least one micro-batch"):
+        naive_step(model, [])
+
+
+def test_group_loss_rejects_lists_of_different_lengths(model: torch.nn.Module) -> None:
+    mb = pad_sequences(_samples(2))
+    logits = model(mb.input_ids)
+    with pytest.raises(ValueError):
+        group_normalised_loss([logits], [mb.labels, mb.labels])
+
+
+def test_accumulation_report_takes_any_spread_in_range(model: torch.nn.Module) -> None:
+    for spread in (0.0, 0.5, 1.0):
+        r = accumulation_report(model, 2, 2, spread)
+        assert r.micro_batch == 2 and r.k == 2 and r.spread == spread
+    with pytest.raises(ValueError, match="spread"):
+        accumulation_report(model, 2, 2, 1.5)
+

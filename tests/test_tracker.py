@@ -6,8 +6,10 @@ import gc
 import math
 
 import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from helpers.tracker import MemoryTracker, _Record, build_timeline
+from helpers.tracker import MemoryTracker, _GcFreeze, _Record, build_timeline
 
 
 def test_build_timeline_from_known_lifetimes() -> None:
@@ -40,9 +42,173 @@ def test_tracker_counts_a_view_once_and_sees_it_freed() -> None:
 
 def test_nested_trackers_keep_the_outer_freeze() -> None:
     frozen_before = gc.get_freeze_count()
+    assert _GcFreeze.depth == 0
     with MemoryTracker():
         outer = gc.get_freeze_count()
         with MemoryTracker():
-            pass
+            assert _GcFreeze.depth == 2
+        assert _GcFreeze.depth == 1
         assert gc.get_freeze_count() == outer > 0  # the inner exit did not unfreeze the outer region
+    assert _GcFreeze.depth == 0
     assert gc.get_freeze_count() <= frozen_before
+
+
+def test_categories_of_a_hand_built_step() -> None:
+    """Every storage of this step is listed by hand: forward keeps a, backward makes grad_a, w.grad.
+
+    loss = (exp(w) * x).sum(), w a parameter of N floats, x made before tracking.
+    Forward: a = exp(w) (saved by exp and by mul: an activation), t = a * x (freed once sum has
+    read it), loss.
+    Backward: the seed 1.0, grad_a = grad_t * x (a backward temporary: "other", never an
+    activation), then grad_w = grad_a * a, which becomes w.grad.
+    """
+    n = 4096
+    model = nn.Linear(n, 1, bias=False)  # only a holder for the parameter w
+    w = model.weight
+    x = torch.randn(1, n)
+
+    def step() -> None:
+        (w.exp() * x).sum().backward()
+
+    with MemoryTracker(model=model) as tracker:
+        step()
+        after_step = tracker.mark("after backward")
+    tl = tracker.timeline()
+    back = [i for i, ph in enumerate(tl.phases) if ph == "backward"]
+    acts, other = tl.series["activations"], tl.series["other"]
+    assert back, "backward ops were seen"
+    assert 8 * n <= max(acts) <= 8 * n + 64  # a and t (alive until sum has read it), the loss
+    assert max(acts[i] for i in back) <= 4 * n + 64  # backward temporaries are not activations
+    assert max(other[i] for i in back) >= 4 * n  # grad_a is a backward temporary
+    assert tl.series["parameters"][-1] == 4 * n
+    assert tl.series["gradients"][-1] == 4 * n and w.grad is not None
+    assert acts[-1] <= 64 and other[-1] <= 64  # a and grad_a are gone; scalars may remain
+    assert after_step == 8 * n  # live bytes at the end: w and w.grad, nothing else
+
+
+def test_checkpoint_recompute_counts_as_activations() -> None:
+    """Under checkpoint, backward rebuilds the region: that memory is activations, not "other"."""
+    n = 4096
+    model = nn.Linear(n, 1, bias=False)
+    w = model.weight
+
+    def region(v: torch.Tensor) -> torch.Tensor:
+        return v.exp().exp()
+
+    with MemoryTracker(model=model) as tracker:
+        out = checkpoint(region, w * 1.0, use_reentrant=False)  # keeps only the input, w * 1.0
+        fwd_acts = tracker.mark("forward") - 4 * n  # live bytes less the parameter
+        out.sum().backward()
+        del out
+    tl = tracker.timeline()
+    back = [i for i, ph in enumerate(tl.phases) if ph in ("backward", "recompute")]
+    assert "recompute" in tl.phases
+    assert fwd_acts <= 2 * 4 * n + 64  # the input and the output, not the inner exp
+    assert max(tl.series["activations"][i] for i in back) >= fwd_acts + 4 * n  # the rebuilt inner exp
+
+
+def test_parameters_sharing_one_storage_are_counted_once() -> None:
+    """Tied weights, and two parameters viewing one storage at different offsets."""
+    tied = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
+    tied[1].weight = tied[0].weight
+    flat = torch.zeros(100)  # 400 bytes
+    shared = nn.Module()
+    shared.a = nn.Parameter(torch.empty(0))
+    shared.b = nn.Parameter(torch.empty(0))
+    shared.a.data = flat[:60].view(6, 10)
+    shared.b.data = flat[40:]  # starts 160 bytes in
+    for model, expected in ((tied, 160), (shared, 400)):
+        with MemoryTracker(model=model) as tracker:
+            live = tracker.mark("start")
+        assert live == expected and tracker.timeline().series["parameters"][-1] == expected
+    with MemoryTracker() as tracker:
+        base = torch.empty(64)
+        view = base[16:]  # a view at an offset: its data_ptr differs, its storage does not
+        grown = view.mul_(2.0)  # an in-place op on the offset view returns the same storage again
+        live = tracker.mark("views")
+        del base, view, grown
+    assert live == 256
+
+
+def test_a_prepared_batch_and_its_views_are_not_counted() -> None:
+    """Storages made before the region (a batch) are never counted, however often they are seen."""
+    batch = torch.randn(64, 32)  # 8 KiB, made before tracking
+    with MemoryTracker() as tracker:
+        views = [batch[1:], batch.view(32, 64), batch.t(), batch[::2]]  # views at offsets, twice
+        batch.mul_(1.0)  # an in-place op returns the batch's own storage
+        again = batch[3:]
+        live = tracker.mark("views of the batch")
+        kept = batch * 2.0  # a new storage: counted
+        after = tracker.mark("one new tensor")
+        del views, again
+    assert live == 0 and after == 64 * 32 * 4 and kept.shape == batch.shape
+    assert max(tracker.timeline().total) == 64 * 32 * 4
+
+
+def test_a_storage_resized_in_place_is_counted_at_its_new_size() -> None:
+    with MemoryTracker() as tracker:
+        t = torch.empty(10)
+        small = tracker.mark("10 floats")
+        t.resize_(100)
+        big = tracker.mark("100 floats")
+        del t
+        gone = tracker.mark("freed")
+    assert (small, big, gone) == (40, 400, 0)
+
+
+def test_phases_are_labelled_forward_backward_optimizer() -> None:
+    model = nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(4, 8)
+    with MemoryTracker(model=model, optimizer=opt) as tracker:
+        loss = model(x).square().sum()
+        n_forward = len(tracker.ops) - 1
+        loss.backward()
+        n_backward = len(tracker.ops) - 1 - n_forward
+        before_step = len(tracker.ops)
+        opt.step()
+        after_step = len(tracker.ops)
+        x * 2.0  # an op after the step: forward again
+    tl = tracker.timeline()
+    assert tl.ops[0] == "start" and tl.phases[0] == "start"
+    assert tl.phases[1:1 + n_forward] == ["forward"] * n_forward
+    backward = tl.phases[1 + n_forward:1 + n_forward + n_backward]
+    assert backward[0] == "forward"  # the seed gradient, made before autograd's engine starts
+    assert set(backward[1:]) == {"backward"} and len(backward) >= 4
+    stepped = tl.phases[before_step:after_step]
+    assert tl.phases[after_step:] == ["forward"]
+    assert stepped.count("optimizer") >= len(stepped) // 2 > 0, stepped  # an op or two outside the hooks
+    assert tl.method == "tensor-tracker" and tl.marks == []
+    # momentum buffers are born in the optimizer step and claimed as optimizer state
+    assert tl.series["optimizer_state"][-1] == sum(p.numel() * 4 for p in model.parameters())
+
+
+def test_a_model_without_parameters_is_tracked_on_the_cpu() -> None:
+    with MemoryTracker(model=nn.ReLU()) as tracker:
+        y = torch.ones(10)
+        live = tracker.mark("one tensor")
+    assert tracker.device_type == "cpu" and live == 40 and y.sum() == 10
+
+
+def test_records_default_to_forward_activations() -> None:
+    tl = build_timeline([_Record(nbytes=1, born=1)], ["start", "op"], ["start", "forward"], [])
+    assert tl.series["activations"] == [0, 1] and tl.marks == []  # a one-byte storage (a bool) counts
+
+
+def test_gradients_freed_inside_the_region_stay_gradients() -> None:
+    """Two micro-steps with zero_grad(set_to_none=True) between: the first step's .grad dies
+    inside the region, so only the post-accumulate-grad hook can have claimed it."""
+    model = nn.Linear(64, 64)
+    p = sum(q.numel() * 4 for q in model.parameters())
+    x = torch.randn(8, 64)
+    with MemoryTracker(model=model) as tracker:
+        model(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+        after = len(tracker.ops)
+        y = x * 2.0  # an op after everything: forward again
+    tl = tracker.timeline()
+    assert max(tl.series["gradients"]) == p and tl.series["gradients"][-1] == 0
+    assert max(tl.series["other"]) < p  # no dead gradient left uncategorised
+    assert tl.phases[after:] == ["forward"] and y.shape == x.shape

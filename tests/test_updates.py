@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -95,3 +96,17 @@ def test_two_micro_steps_give_the_peak_of_many() -> None:
         measure_update(model, micro_batch=3, steps=True)  # type: ignore[arg-type]
 
 
+def test_linear_fit_on_noisy_data_matches_numpy() -> None:
+    """R^2 on noisy data against numpy (issue 16: an R^2 stuck at 1.0 passed the perfect line)."""
+    rng = np.random.default_rng(3)
+    xs = np.arange(1.0, 21.0)
+    ys = 3.0 * xs + 2.0 + rng.normal(0.0, 6.0, xs.size)
+    slope, intercept = np.polyfit(xs, ys, 1)
+    r2 = np.corrcoef(xs, ys)[0, 1] ** 2  # R^2 of a least-squares line is the squared correlation
+    fit = linear_fit(xs.tolist(), ys.tolist())
+    assert 0.5 < r2 < 0.99  # noisy enough that "R^2 = 1" is caught
+    assert fit.slope == pytest.approx(slope, rel=1e-9)
+    assert fit.intercept == pytest.approx(intercept, rel=1e-9)
+    assert fit.r2 == pytest.approx(r2, rel=1e-9)
+    flat = linear_fit([1, 2, 3, 4], [5.0, 5.0, 5.0, 5.0])  # nothing to explain: a perfect fit
+    assert (flat.slope, flat.intercept, flat.r2) == (0.0, 5.0, 1.0)
