@@ -58,7 +58,7 @@ def test_enough_lessons_provide_widget_cases() -> None:
 def test_widget_move_is_fast(module: str, case: str, fn: Callable[[], object] | Exception) -> None:
     if isinstance(fn, Exception):
         raise AssertionError(f"{module}.{widgets.PROTOCOL}({SCALE!r}, cpu) raised: {fn!r}") from fn
-    seconds = widgets.time_case(fn, CPU)
+    seconds = widgets.time_case(fn, CPU, retries=2)  # best of up to 3 timed moves: one slow call can be noise
     assert seconds <= widgets.LIMIT_S, (
         f"{module}:{case} took {seconds:.2f} s for one move at scale {SCALE!r} on CPU "
         f"(limit {widgets.LIMIT_S} s; best of the timed calls after one warm-up)"
