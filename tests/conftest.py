@@ -1,6 +1,9 @@
-"""Shared test fixtures: a fixed seed for every test, and the cuda marker's skip."""
+"""Shared test fixtures: a fixed seed for every test, a deadline for distributed tests, the cuda skip."""
 
 from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -11,6 +14,27 @@ from helpers.device import seed_everything
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     seed_everything(0)
+
+
+DEADLINE_S = 240  # a test that starts worker processes must never hang CI
+
+
+@pytest.fixture(autouse=True)
+def _deadline(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.node.get_closest_marker("distributed") is None:
+        yield
+        return
+
+    def expired(*_: object) -> None:
+        raise TimeoutError(f"test ran past its {DEADLINE_S} s deadline")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(DEADLINE_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

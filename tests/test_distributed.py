@@ -7,7 +7,6 @@ The launchers themselves are tested in tests/test_launcher.py. Tests marked
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 
 import pytest
@@ -16,26 +15,6 @@ import torch
 from helpers import distributed as D
 from helpers.accumulation import compare_grads, full_batch_grad
 from helpers.launcher import WorkerPool
-
-DEADLINE_S = 240
-
-
-@pytest.fixture(autouse=True)
-def _deadline(request: pytest.FixtureRequest) -> Iterator[None]:
-    if request.node.get_closest_marker("distributed") is None:
-        yield
-        return
-
-    def expired(*_: object) -> None:
-        raise TimeoutError(f"test ran past its {DEADLINE_S} s deadline")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(DEADLINE_S)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 # -- batch bookkeeping ---------------------------------------------------------------------------

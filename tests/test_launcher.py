@@ -7,10 +7,8 @@ deadline (SIGALRM), so a hung collective fails the test instead of hanging CI.
 from __future__ import annotations
 
 import os
-import signal
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,26 +16,6 @@ import torch
 import torch.distributed as dist
 
 from helpers import launcher as L
-
-DEADLINE_S = 240
-
-
-@pytest.fixture(autouse=True)
-def _deadline(request: pytest.FixtureRequest) -> Iterator[None]:
-    if request.node.get_closest_marker("distributed") is None:
-        yield
-        return
-
-    def expired(*_: object) -> None:
-        raise TimeoutError(f"test ran past its {DEADLINE_S} s deadline")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(DEADLINE_S)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _alive(pid: int) -> bool:
