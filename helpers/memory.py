@@ -39,9 +39,17 @@ from helpers.device import CPU_TRACKER, CUDA_ALLOCATOR
 from helpers.tracker import CATEGORIES, MemoryTracker, Timeline, tensors_in
 
 __all__ = [
-    "CATEGORIES", "MemoryTracker", "StepMemory", "Timeline", "measure_step", "new_live_bytes",
-    "record_timeline", "run_or_oom", "saved_activation_bytes",
+    "CATEGORIES", "FLOOR", "MemoryTracker", "StepMemory", "Timeline", "floor_of", "measure_step",
+    "new_live_bytes", "record_timeline", "run_or_oom", "saved_activation_bytes",
 ]
+
+
+FLOOR = ("parameters", "gradients", "optimizer_state")  # the model state neither technique removes
+
+
+def floor_of(breakdown: dict[str, int]) -> int:
+    """Parameters + gradients + optimizer state of a breakdown by category (`CATEGORIES`)."""
+    return sum(breakdown[name] for name in FLOOR)
 
 
 @dataclass
@@ -56,8 +64,7 @@ class StepMemory:
     @property
     def floor_bytes(self) -> int:
         """Parameters + gradients + optimizer state: what neither technique removes."""
-        b = self.breakdown
-        return b["parameters"] + b["gradients"] + b["optimizer_state"]
+        return floor_of(self.breakdown)
 
 
 def _check_callable(fn: object, name: str) -> None:

@@ -51,7 +51,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
 from helpers.checks import ArgTypeError, callable_arg, choice, positive_int
-from helpers.memory import MemoryTracker
+from helpers.memory import MemoryTracker, floor_of
 from helpers.models import BlockWrapper
 from helpers.planner import MemoryProfile, fit_profile
 from helpers.training import OPTIMIZERS, lm_loss, make_optimizer
@@ -489,8 +489,7 @@ class StepProfile:
     @property
     def floor_bytes(self) -> int:
         """Parameters + gradients + optimizer state at the peak."""
-        b = self.breakdown
-        return b["parameters"] + b["gradients"] + b["optimizer_state"]
+        return floor_of(self.breakdown)
 
     @property
     def binding_phase(self) -> str:

@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers.checks import callable_arg, positive_int
 from helpers.data import token_batch
-from helpers.memory import MemoryTracker
+from helpers.memory import MemoryTracker, floor_of
 from helpers.models import GPT, device_of
 from helpers.training import lm_loss, make_optimizer
 
@@ -76,8 +76,7 @@ class PhaseMemory:
     @property
     def floor_bytes(self) -> int:
         """Parameters + gradients + optimizer state at the peak."""
-        b = self.breakdown
-        return b["parameters"] + b["gradients"] + b["optimizer_state"]
+        return floor_of(self.breakdown)
 
     @property
     def binding_phase(self) -> str:
