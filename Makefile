@@ -69,7 +69,7 @@ gpu-kit:  ## wheels (CPython $(KIT_PY), manylinux x86-64) a GPU machine without 
 
 # Not part of `make test`. MUTATE_MODULES="memory tokens" limits it; survivors judged harmless: docs/mutants.md.
 mutate: setup  ## mutation testing of the measuring helpers (mutmut 2): score + surviving mutants
-	$(PY) -m pip install -q 'mutmut==2.5.1'
+	$(PY) -m pip install -q 'mutmut==2.5.1' 'coverage>=7.4'
 	PY=$(PY) bash scripts/mutate.sh
 
 gpu:  ## on a CUDA machine: cuda tests, every notebook at the largest scale, 24/16 GB stand-ins

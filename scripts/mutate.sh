@@ -1,59 +1,99 @@
 #!/usr/bin/env bash
-# make mutate (issue 16): mutation testing of the measuring helpers with mutmut 2, in a throw-away
-# copy of the repository (mutmut edits files in place; the working tree is never touched).
-# Prints the score and every surviving mutant. Not part of `make test`.
+# make mutate (issue 16): mutation testing of the measuring helpers with mutmut 2, in throw-away
+# copies of the repository (mutmut edits files in place; the working tree is never touched).
+# Prints the score per module and every surviving mutant (also written to .mutate/survivors.txt).
+# Not part of `make test`.
 #   MUTATE_MODULES="memory tokens"  limit the run to some modules (default: all below)
-#   PY=path/to/python               the interpreter with torch, pytest and mutmut (default .venv)
+#   MUTATE_JOBS=N                   parallel mutmut runs, each with its own copy (default: nproc)
+#   PY=path/to/python               the interpreter with torch, pytest, coverage, mutmut (.venv)
+# How it stays fast: one coverage run records which test executes which line
+# (scripts/mutmut_cov.py); each mutant then runs only those tests, in a child forked from a
+# server that has imported torch once (scripts/mutmut_server.py).
 # Judged-equivalent survivors and their reasons: docs/mutants.md.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
-MODULES=${MUTATE_MODULES:-memory tracker accumulation tokens checkpointing planner distributed}
-"$PY" -c "import mutmut" 2>/dev/null || { echo "mutmut is missing: run 'make mutate' (installs it)"; exit 2; }
+MODULES=${MUTATE_MODULES:-memory tracker accumulation tokens checkpointing planner distributed updates}
+JOBS=${MUTATE_JOBS:-$(nproc)}
+"$PY" -c "import mutmut, coverage" 2>/dev/null || { echo "mutmut or coverage is missing: run 'make mutate'"; exit 2; }
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mutate.XXXXXX")
-export MUTATE_PY=$PY MUTATE_SOCK=$WORK/.server.sock OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-export MPLBACKEND=Agg PYTHONDONTWRITEBYTECODE=1
+export MUTATE_PY=$PY OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MPLBACKEND=Agg PYTHONDONTWRITEBYTECODE=1
+export LESSONS_POOL_START=fork  # lesson 07's worker pool: fork the imported torch, do not spawn anew
 cleanup() {
-    [ -S "$MUTATE_SOCK" ] && "$PY" "$WORK/scripts/mutmut_server.py" stop "$MUTATE_SOCK" 2>/dev/null || true
+    for sock in "$WORK"/job*/.server.sock; do
+        [ -S "$sock" ] && "$PY" "$WORK/src/scripts/mutmut_server.py" stop "$sock" 2>/dev/null || true
+    done
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+start=$(date +%s)
 
 cd "$ROOT"
-tar cf - --exclude=__pycache__ helpers tests scripts conftest.py pyproject.toml | tar xf - -C "$WORK"
-cp scripts/mutmut_config.py "$WORK/mutmut_config.py"
-cd "$WORK"
+rm -f .mutate/problems.log .mutate/survivors.txt
+mkdir "$WORK/src"
+tar cf - --exclude=__pycache__ helpers tests scripts conftest.py pyproject.toml | tar xf - -C "$WORK/src"
+cp scripts/mutmut_config.py "$WORK/src/mutmut_config.py"
+cd "$WORK/src"
 
 paths=""; tests=""
 for m in $MODULES; do
     [ -f "helpers/$m.py" ] || { echo "no helpers/$m.py"; exit 2; }
-    paths="$paths${paths:+,}helpers/$m.py"
+    paths="$paths helpers/$m.py"
     tests="$tests $("$PY" -c "import mutmut_config as c; print(c.TESTS['helpers/$m.py'])")"
 done
 tests=$(echo "$tests" | tr ' ' '\n' | sort -u | tr '\n' ' ')
 
-"$PY" scripts/mutmut_server.py serve "$MUTATE_SOCK" &
-for _ in $(seq 600); do [ -S "$MUTATE_SOCK" ] && break; sleep 0.1; done
-start=$(date +%s)
-echo "== mutmut over $paths (tests:$tests)"
-"$PY" -m mutmut run --paths-to-mutate "$paths" --tests-dir tests --disable-mutation-types fstring,decorator \
-    --runner "$PY scripts/mutmut_server.py run $MUTATE_SOCK -- -x -q -p no:cacheprovider $tests" \
-    --simple-output --no-progress --CI || true
-echo "== surviving mutants (each needs a killing test or a line in docs/mutants.md)"
-"$PY" -m mutmut show all || true
-"$PY" - "$start" <<'PY'
-import sqlite3
-import sys
-import time
+echo "== coverage: which test runs which line ($tests)"
+PYTHONPATH=scripts "$PY" -m coverage run --data-file=.coverage-ctx --include='helpers/*' \
+    -m pytest -q -p no:cacheprovider -p mutmut_cov $tests | tail -1
+"$PY" scripts/mutmut_cov.py map .coverage-ctx mutmut_map.json
 
-rows = sqlite3.connect(".mutmut-cache").execute(
-    "select status, count(*) from Mutant group by status").fetchall()
-n = dict(rows)
-killed = n.get("ok_killed", 0) + n.get("ok_suspicious", 0) + n.get("bad_timeout", 0)
-survived = n.get("bad_survived", 0)
-score = 100.0 * killed / max(1, killed + survived)
-print(f"== mutation score {score:.1f}%: {killed} killed, {survived} survived, "
-      f"{n.get('skipped', 0)} skipped (messages, drawing), {n.get('untested', 0)} untested; "
-      f"{time.time() - float(sys.argv[1]):.0f} s")
+# Share the modules out between the jobs, costliest first, each to the job with the least work.
+groups=$("$PY" - "$JOBS" $paths <<'PY'
+import sys
+import mutmut_config as c
+jobs = int(sys.argv[1])
+sizes = sorted(((c.cost(p), p) for p in sys.argv[2:]), reverse=True)
+groups = [[0.0, []] for _ in range(jobs)]
+for n, p in sizes:
+    g = min(groups, key=lambda g: g[0])
+    g[0] += n
+    g[1].append(p)
+print("\n".join(",".join(g[1]) for g in groups if g[1]))
 PY
+)
+
+j=0; pids=""
+for group in $groups; do
+    j=$((j + 1)); dir="$WORK/job$j"
+    cp -r "$WORK/src" "$dir"
+    (
+        cd "$dir"
+        export MUTATE_SOCK=$dir/.server.sock
+        "$PY" scripts/mutmut_server.py serve "$MUTATE_SOCK" &
+        for _ in $(seq 600); do [ -S "$MUTATE_SOCK" ] && break; sleep 0.1; done
+        mtests=""
+        for p in ${group//,/ }; do mtests="$mtests $("$PY" -c "import mutmut_config as c; print(c.TESTS['$p'])")"; done
+        "$PY" -m mutmut run --paths-to-mutate "$group" --tests-dir tests \
+            --disable-mutation-types "$("$PY" -c "import mutmut_config as c; print(','.join(c.DISABLED_TYPES))")" \
+            --runner "$PY scripts/mutmut_server.py run $MUTATE_SOCK -- -x -q -p no:cacheprovider $mtests" \
+            --simple-output --no-progress --CI > run.log 2>&1 || true
+        "$PY" scripts/mutmut_server.py stop "$MUTATE_SOCK" 2>/dev/null || true
+    ) &
+    pids="$pids $!"
+    echo "== job $j: $group"
+done
+wait $pids
+
+mkdir -p "$ROOT/.mutate"
+cd "$ROOT"
+status=0
+"$PY" scripts/mutmut_report.py .mutate/survivors.txt "$WORK"/job* || status=$?
+problems=$(cat "$WORK"/job*/mutmut_problems.log 2>/dev/null | grep -c '^== pytest exit' || true)
+if [ "$problems" != 0 ]; then
+    cat "$WORK"/job*/mutmut_problems.log > "$ROOT/.mutate/problems.log"
+    echo "== $problems mutants stopped pytest with a usage error or no test: .mutate/problems.log"
+fi
+echo "== $(( $(date +%s) - start )) s, $JOBS jobs; survivors also in .mutate/survivors.txt"
+exit $status

@@ -1,46 +1,101 @@
-"""mutmut 2 configuration for `make mutate` (copied to the root of the throw-away copy it runs in).
+"""mutmut 2 configuration for `make mutate` (copied to the root of each throw-away copy it runs in).
 
 `pre_mutation` runs before each mutant. It
 - skips mutants that cannot change a measured number: error messages and `raise` lines,
   string-only lines, `__all__`, and whole functions that only draw, print or check a
   learner's answer (plots, widgets' drawing, exercise checkers);
-- runs only the tests of the mutated module (TESTS below), stopping at the first failure,
-  through the fork server (scripts/mutmut_server.py), so torch is imported once.
+- picks the tests: those that executed the mutated statement in a coverage run of the module's
+  test files (scripts/mutmut_cov.py wrote `mutmut_map.json`). A statement that no test executes
+  in-process (run only at import, or only in a worker process) gets the module's whole test files.
+  The tests run through the fork server (scripts/mutmut_server.py), so torch is imported once.
+
+`python mutmut_config.py count helpers/a.py ...` prints each file's number of mutants that are not
+skipped; scripts/mutate.sh uses it to share the files out between parallel jobs.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import json
 import os
 import re
+import shlex
+import sys
+from types import SimpleNamespace
 
 TESTS = {
     "helpers/memory.py": "tests/test_memory.py tests/test_tracker.py",
     "helpers/tracker.py": "tests/test_tracker.py tests/test_memory.py",
     "helpers/accumulation.py": "tests/test_accumulation.py",
     "helpers/tokens.py": "tests/test_tokens.py",
-    "helpers/checkpointing.py": "tests/test_checkpointing.py",
+    "helpers/checkpointing.py": "tests/test_checkpointing.py tests/test_saved_tensors.py",
     "helpers/planner.py": "tests/test_planner.py",
     "helpers/distributed.py": "tests/test_distributed.py",
+    "helpers/updates.py": "tests/test_updates.py",
 }
 PYTEST = "-x -q -p no:cacheprovider"
+DISABLED_TYPES = ("fstring", "decorator")  # scripts/mutate.sh passes these to --disable-mutation-types
+MAP_FILE = "mutmut_map.json"
 # Functions whose mutants change no measured number: drawing, printing, answer checkers.
 UNMEASURED = re.compile(r"^(_?plot|_?draw|_?show|print_|check_exercise|_?describe|_?format|_?render)")
 MESSAGE_LINE = re.compile(r"""^(raise\b|f?["']|__all__|print\(|logger\.|warnings\.warn)""")
+# Argument checks (helpers/checks.py): their first argument is the name an error message shows.
+CHECK_CALL = re.compile(r"^(\w+\s*=\s*)?(int_at_least|positive_int|non_negative_int|int_in_range|"
+                        r"number_in_range|positive_number|non_negative_number|bool_arg|instance_arg|"
+                        r"choice|callable_arg|tensor_arg|_check_\w+)\(")
+
+
+@functools.cache
+def _tree(filename: str) -> ast.Module:
+    with open(filename) as f:
+        return ast.parse(f.read())
 
 
 @functools.cache
 def _unmeasured_lines(filename: str) -> frozenset[int]:
-    with open(filename) as f:
-        tree = ast.parse(f.read())
     lines: set[int] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(_tree(filename)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and UNMEASURED.match(node.name):
             lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
         if isinstance(node, ast.Raise):  # a whole (multi-line) raise statement
             lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
     return frozenset(lines)
+
+
+def _first_line(node: ast.stmt) -> int:
+    decorators = getattr(node, "decorator_list", [])
+    return min([node.lineno, *(d.lineno for d in decorators)])
+
+
+def _statement_lines(filename: str, line: int) -> range:
+    """Lines from the start of the innermost statement holding `line` down to `line` (its header)."""
+    best: ast.stmt | None = None
+    for node in ast.walk(_tree(filename)):
+        holds = isinstance(node, ast.stmt) and _first_line(node) <= line <= (node.end_lineno or node.lineno)
+        if holds and (best is None or _first_line(node) >= _first_line(best)):
+            best = node
+    return range(_first_line(best) if best else line, line + 1)
+
+
+@functools.cache
+def _coverage_map() -> dict:
+    if not os.path.exists(MAP_FILE):
+        return {}
+    with open(MAP_FILE) as f:
+        return json.load(f)
+
+
+def selected_tests(filename: str, line: int) -> list[str] | None:
+    """Node ids of the tests that executed the statement on `line` (1-based), fastest first.
+
+    None when no test did (in this process: the statement may run only at import, or only in a
+    worker process).
+    """
+    runs = _coverage_map().get(filename, {}).get("runs", {})
+    seconds = _coverage_map().get("durations", {})
+    ids = {t for n in _statement_lines(filename, line) for t in runs.get(str(n), [])}
+    return sorted(ids, key=lambda t: (seconds.get(t, 0.0), t)) or None
 
 
 def pre_mutation(context) -> None:  # noqa: ANN001  (mutmut's Context)
@@ -49,7 +104,70 @@ def pre_mutation(context) -> None:  # noqa: ANN001  (mutmut's Context)
     if MESSAGE_LINE.match(line) or number in _unmeasured_lines(context.filename):
         context.skip = True
         return
-    tests = TESTS.get(context.filename.replace(os.sep, "/"))
+    if CHECK_CALL.match(line) and _only_a_string_changes(context):
+        context.skip = True  # the name or wording in an argument check's message
+        return
+    filename = context.filename.replace(os.sep, "/")
+    ids = selected_tests(filename, number)
+    tests = " ".join(shlex.quote(t) for t in ids) if ids else TESTS.get(filename)
     if tests:
         server = f"{os.environ['MUTATE_PY']} scripts/mutmut_server.py run {os.environ['MUTATE_SOCK']}"
         context.config.test_command = f"{server} -- {PYTEST} {tests}"
+
+
+def _only_a_string_changes(context) -> bool:  # noqa: ANN001
+    """True when the mutant only wraps a string literal in XX...XX (mutmut's string mutation)."""
+    from mutmut import Context, mutate
+
+    mutated, _ = mutate(Context(source=context.source, mutation_id=context.mutation_id,
+                                filename=context.filename, config=context.config))
+    before = context.current_source_line
+    after = mutated.split("\n")[context.mutation_id.line_number]
+    return after != before and after.replace("XX", "") == before.replace("XX", "")
+
+
+def types_config() -> SimpleNamespace:
+    """A stand-in for mutmut's Config that enumerates the same mutants as `make mutate`."""
+    from mutmut import mutations_by_type
+
+    return SimpleNamespace(mutation_types_to_apply=set(mutations_by_type) - set(DISABLED_TYPES),
+                           covered_lines_by_filename=None)
+
+
+def _kept(filename: str) -> list[int]:
+    """The 1-based line of each mutant of `filename` that pre_mutation does not skip by its line."""
+    from mutmut import ALL, Context, list_mutations
+
+    with open(filename) as f:
+        source = f.read().split("\n")
+    ids = list_mutations(Context(filename=filename, mutation_id=ALL, config=types_config()))
+    return [i.line_number + 1 for i in ids
+            if not (MESSAGE_LINE.match(source[i.line_number].strip())
+                    or i.line_number + 1 in _unmeasured_lines(filename))]
+
+
+def count(filename: str) -> int:
+    """The number of mutants of `filename` that pre_mutation does not skip (by their line)."""
+    return len(_kept(filename))
+
+
+def cost(filename: str) -> float:
+    """Estimated seconds to test every mutant of `filename`, from the coverage run's durations.
+
+    Each mutant costs a fork and pytest's start (about half a second) plus its selected tests
+    (all of them when it survives); scripts/mutate.sh balances its parallel jobs with this.
+    """
+    seconds = _coverage_map().get("durations", {})
+    whole = sum(t for name, t in seconds.items() if name.split("::")[0] in TESTS.get(filename, ""))
+    total = 0.0
+    for n in _kept(filename):
+        ids = selected_tests(filename, n)
+        total += 0.5 + (sum(seconds.get(t, 0.0) for t in ids) if ids else whole)
+    return total
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["count"]:
+        sys.exit("usage: mutmut_config.py count FILE...")
+    for name in sys.argv[2:]:
+        print(name, count(name))

@@ -12,13 +12,15 @@ file's size and mtime second is never served from a stale .pyc. Plugin autoload 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import sys
+import tempfile
 
-CHILD_TIMEOUT_S = 300  # a mutant that loops forever is killed (and counts as killed)
+CHILD_TIMEOUT_S = 30  # a mutant that hangs is killed (and counts as killed); a test file takes < 10 s
 
 
 def serve(path: str) -> None:
@@ -46,16 +48,27 @@ def serve(path: str) -> None:
             request = json.loads(conn.makefile().readline())
             if request.get("stop"):
                 return
-            conn.sendall(f"{_run_child(request['args'])}\n".encode())
+            verdict = _run_child(request["args"])
+            # OSError: mutmut gave up on this mutant (its own timeout) and closed the client.
+            with contextlib.suppress(OSError):
+                conn.sendall(f"{verdict}\n".encode())
 
 
 def _run_child(args: list[str]) -> int:
+    """Run pytest in a forked child; return mutmut's verdict: 0 survived, 1 killed.
+
+    pytest's exit status 1 (a test failed), 2 (a test module failed to import) and 3 (internal
+    error) kill the mutant, and so does a child that hangs past CHILD_TIMEOUT_S, or 4 after a test
+    module failed to import (the selected node ids are then "not found"). Any other 4 (usage
+    error: a node id that does not exist) and 5 (no test ran) are written to
+    `mutmut_problems.log` with the output's tail, so a test-selection bug cannot hide.
+    """
+    fd, log_path = tempfile.mkstemp(prefix="mutmut-child-", suffix=".log")
     pid = os.fork()
     if pid == 0:  # the child: fresh helpers, the mutated file included
         try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
             import pytest
 
             os._exit(int(pytest.main(args)))
@@ -65,14 +78,30 @@ def _run_child(args: list[str]) -> int:
     signal.alarm(CHILD_TIMEOUT_S)
     _, status = os.waitpid(pid, 0)
     signal.alarm(0)
-    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1
+    code = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1
+    os.close(fd)
+    with open(log_path) as f:
+        output = f.read()
+    os.unlink(log_path)
+    if code == 4 and "ERROR collecting" in output:
+        return 1  # the mutant broke an import; pytest reports the node ids as not found
+    if code in (4, 5):
+        with open("mutmut_problems.log", "a") as out:
+            out.write(f"== pytest exit {code}: {' '.join(args)}\n{output[-2000:]}\n")
+    return 0 if code in (0, 5) else 1
 
 
 def run(path: str, args: list[str]) -> int:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
-        c.connect(path)
-        c.sendall((json.dumps({"args": args}) + "\n").encode())
-        return int(c.makefile().readline())
+    """Ask the server to run pytest; 0 (survived) and a line in mutmut_problems.log if it is gone."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+            c.connect(path)
+            c.sendall((json.dumps({"args": args}) + "\n").encode())
+            return int(c.makefile().readline())
+    except (OSError, ValueError) as e:  # never count a mutant as killed because the server died
+        with open("mutmut_problems.log", "a") as out:
+            out.write(f"== pytest exit none: the server did not answer ({e!r}): {' '.join(args)}\n")
+        return 0
 
 
 def stop(path: str) -> None:

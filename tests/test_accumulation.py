@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -270,3 +272,23 @@ def test_compare_grads_with_a_zero_candidate():
     d = compare_grads(ref, torch.zeros(2))
     assert d.cosine == 0.0 and d.norm_ratio == 0.0 and d.max_abs == 4.0 and d.l2_rel == 1.0
 
+
+
+def test_batch_errors_name_the_bad_argument():
+    """The message starts with the argument that is wrong, so a learner knows which one to fix."""
+    x, y = torch.zeros(4, 2), torch.zeros(4)
+    with pytest.raises(ValueError, match="^inputs must be a torch.Tensor, got list"):
+        check_batch([0.0] * 4, y)
+    with pytest.raises(ValueError, match="^targets must be a torch.Tensor, got list"):
+        check_batch(x, [0.0] * 4)
+    with pytest.raises(ValueError, match="^inputs must have a batch dimension, got a 0-d tensor"):
+        check_batch(torch.tensor(1.0), y)
+    with pytest.raises(ValueError, match="^targets must have a batch dimension, got a 0-d tensor"):
+        check_batch(x, torch.tensor(1.0))
+
+
+def test_grad_diff_cannot_be_changed_after_the_fact():
+    d = compare_grads(torch.tensor([3.0, 4.0]), torch.tensor([3.0, 4.0]))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.max_rel = 0.5  # type: ignore[misc]
+    assert d.max_rel == 0.0 and d.cosine == pytest.approx(1.0)

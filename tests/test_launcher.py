@@ -67,6 +67,12 @@ def test_argument_checks() -> None:
         L.run_torchrun("/nonexistent/worker.py", 2)
 
 
+def test_pool_start_method_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(L.POOL_START_ENV, "threads")
+    with pytest.raises(ValueError, match=r"^LESSONS_POOL_START='threads' is not allowed.*'spawn', 'fork'"):
+        L.WorkerPool(2)
+
+
 # -- the launchers (real processes) --------------------------------------------------------------
 @pytest.mark.distributed
 def test_launch_returns_every_rank_result() -> None:

@@ -6,6 +6,7 @@ real with `measure_phases` and with `measure_step`) and hand-made profiles.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -14,9 +15,9 @@ import torch.nn.functional as F
 
 from helpers import planner
 from helpers.data import regression_batch
-from helpers.memory import measure_step
-from helpers.models import ResidualMLP
-from helpers.phases import measure_phases
+from helpers.memory import StepMemory, measure_step
+from helpers.models import GPTConfig, ResidualMLP
+from helpers.phases import PhaseMemory, measure_phases
 from helpers.planner_lab import lesson_config
 
 MiB = 2**20
@@ -198,3 +199,266 @@ def test_remedy_floors() -> None:
     assert rows["optimizer state sharded over 4 workers (ZeRO-1)"].floor_bytes == 250
     with pytest.raises(ValueError, match="workers"):
         planner.remedy_floors(100, 100, 200, workers=(0,))
+
+
+# -- killing the survivors of the mutation run (issue 16) --------------------------------------
+# A synthetic job in bytes, every number chosen by hand: floor 4000 (parameters 1000,
+# gradients 1000, Adam state 2000); at the forward phase's peak activations 400 + 800 b and
+# other 200 + 100 b, so the forward peak is 4600 + 900 b; the optimizer step peaks at 6000 + 200 b.
+# At b = 1 the optimizer step binds (6200 > forward) and the forward peak sits in another regime
+# (activations 600, other 300: off the line); at b = 2 the two phases tie at 6400 (forward wins
+# ties, as in `PhaseMemory.binding_phase`); at b = 4 the forward pass binds (8200 > 6800).
+def _state(optimizer_state: int = 2000) -> dict[str, int]:
+    return {"parameters": 1000, "gradients": 1000, "optimizer_state": optimizer_state}
+
+
+def _forward(b: int) -> dict[str, int]:
+    acts, other = (600, 300) if b == 1 else (400 + 800 * b, 200 + 100 * b)
+    return {**_state(), "activations": acts, "other": other}
+
+
+def _phases(b: int, optimizer_state: int = 2000) -> PhaseMemory:
+    fwd = {**_forward(b), "optimizer_state": optimizer_state}
+    opt_peak = 6000 + 200 * b
+    opt = {**_state(optimizer_state), "activations": 0, "other": opt_peak - 2000 - optimizer_state}
+    fwd_peak = sum(fwd.values())
+    peak, breakdown = (fwd_peak, fwd) if fwd_peak >= opt_peak else (opt_peak, opt)
+    return PhaseMemory(peak_bytes=peak, breakdown=breakdown, device="cpu", method="cpu-tracker",
+                       forward_peak_bytes=fwd_peak, forward_breakdown=fwd,
+                       optimizer_peak_bytes=opt_peak, optimizer_breakdown=opt)
+
+
+def _step(b: int) -> StepMemory:
+    """A plain StepMemory of the job: b = 1 peaks in the optimizer step, holding 20 bytes of activations."""
+    if b == 1:  # 20 of 6200 bytes are activations (0.3%): an optimizer-step peak
+        return StepMemory(6200, {**_state(), "activations": 20, "other": 2180}, "cpu", "cpu-tracker")
+    return StepMemory(4600 + 900 * b, _forward(b), "cpu", "cpu-tracker")
+
+
+def test_fit_profile_default_sizes_and_the_binding_sizes_of_a_phase_memory() -> None:
+    """The forward line goes through b = 2 and 4 only (where the forward phase binds, the tie
+    included); the optimizer line through all three sizes; the defaults are sizes (1, 2, 4), no label."""
+    calls: list[int] = []
+
+    def measure(b: int) -> PhaseMemory:
+        calls.append(b)
+        return _phases(b)
+
+    profile = planner.fit_profile(measure)
+    assert calls == [1, 2, 4] and profile.micro_batches == (1, 2, 4) and profile.label == ""
+    assert profile.activation_bytes_per_example == pytest.approx(800)
+    assert profile.activation_intercept_bytes == pytest.approx(400)
+    assert profile.other_bytes_per_example == pytest.approx(100)
+    assert profile.other_bytes == pytest.approx(200)
+    assert profile.optimizer_bytes_per_example == pytest.approx(200)
+    assert profile.optimizer_peak_bytes == pytest.approx(6000)
+    assert (profile.floor_bytes, profile.gradient_bytes, profile.method) == (4000, 1000, "cpu-tracker")
+    assert profile.predict_peak(8) == 4600 + 900 * 8  # a size it never saw
+
+
+def test_fit_profile_with_exactly_two_sizes_fits_both_lines() -> None:
+    profile = planner.fit_profile(_phases, (2, 4), label="two")
+    assert profile.activation_bytes_per_example == pytest.approx(800)
+    assert profile.optimizer_bytes_per_example == pytest.approx(200)  # a line through 6400 and 6800
+    assert profile.optimizer_peak_bytes == pytest.approx(6000)
+    assert profile.label == "two"
+
+
+def test_fit_profile_reads_an_optimizer_peak_from_step_memory() -> None:
+    """b = 1 holds almost no activations: it is the optimizer step's peak, a constant 6200."""
+    profile = planner.fit_profile(_step, (1, 2, 4))
+    assert profile.optimizer_peak_bytes == 6200 and profile.optimizer_bytes_per_example == 0
+    assert profile.activation_bytes_per_example == pytest.approx(800)
+    assert profile.activation_intercept_bytes == pytest.approx(400)
+    assert profile.optimizer_peak(16) == 6200
+
+
+def test_fit_profile_without_an_optimizer_peak_from_step_memory() -> None:
+    profile = planner.fit_profile(_step, (2, 4))
+    assert profile.optimizer_peak_bytes == 0 and profile.optimizer_bytes_per_example == 0
+    assert profile.predict_peak(8) == 4600 + 900 * 8
+
+
+def test_fit_profile_with_mixed_step_and_phase_memory() -> None:
+    """A StepMemory that peaks in the forward pass binds there; b = 1 (a PhaseMemory) does not."""
+    profile = planner.fit_profile(lambda b: _phases(b) if b == 1 else _step(b), (1, 2, 4))
+    assert profile.activation_bytes_per_example == pytest.approx(800)
+    assert profile.activation_intercept_bytes == pytest.approx(400)
+    assert profile.optimizer_peak_bytes == 6200
+
+
+def test_fit_profile_checks_that_the_floor_stays_put() -> None:
+    # 2% more optimizer state at b = 2: a different model or optimizer
+    with pytest.raises(ValueError, match="floor changed"):
+        planner.fit_profile(lambda b: _phases(b, 2000 + 80 * (b == 2)), (1, 2, 4))
+    # 0.5% is measurement noise
+    profile = planner.fit_profile(lambda b: _phases(b, 2000 + 20 * (b == 2)), (1, 2, 4))
+    assert profile.floor_bytes == 4020
+
+
+def test_fit_profile_refuses_a_result_without_peak_bytes() -> None:
+    class BreakdownOnly:
+        breakdown = _forward(2)
+
+    with pytest.raises(TypeError, match="StepMemory or PhaseMemory"):
+        planner.fit_profile(lambda b: BreakdownOnly(), (1, 2))
+
+
+def test_fit_profile_names_micro_batches_in_its_error() -> None:
+    with pytest.raises(ValueError, match=r"^micro_batches\[i\] must"):
+        planner.fit_profile(_phases, (0, 2))
+
+
+def test_profile_per_example_terms_and_defaults() -> None:
+    # hand arithmetic in MiB: 100 + 2 + 1 * 4 + 10 * 4 and 110 + 3 * 4
+    assert _profile(other_bytes_per_example=1 * MiB).forward_peak(4) == 146 * MiB
+    assert _profile(optimizer_bytes_per_example=3 * MiB).optimizer_peak(4) == 122 * MiB
+    assert PLAIN.micro_batches == () and PLAIN.label == ""
+    with pytest.raises(ValueError, match="^b must"):
+        PLAIN.activations(0)
+    with pytest.raises(ValueError, match="^b must"):
+        PLAIN.optimizer_peak(0)
+
+
+def test_binding_phase_on_a_tie_is_forward() -> None:
+    # forward 100 + 10 * 2 = 120 MiB = the optimizer step's 120 MiB
+    tie = _profile(other_bytes=0.0, optimizer_peak_bytes=120 * MiB)
+    assert tie.forward_peak(2) == tie.optimizer_peak(2) == 120 * MiB
+    assert tie.binding_phase(2) == "forward"
+
+
+def test_crossover_where_the_phase_peaks_meet() -> None:
+    """Each crossover is checked against the phase peaks themselves at that micro-batch."""
+    with_other = _profile(other_bytes_per_example=2 * MiB, optimizer_peak_bytes=138 * MiB)
+    assert with_other.crossover == pytest.approx(3.0)  # 102 + 12 b = 138
+    assert with_other.forward_peak(3) == with_other.optimizer_peak(3)
+    with_intercept = _profile(activation_intercept_bytes=4 * MiB, optimizer_peak_bytes=136 * MiB)
+    assert with_intercept.crossover == pytest.approx(3.0)  # 106 + 10 b = 136
+    assert with_intercept.forward_peak(3) == with_intercept.optimizer_peak(3)
+    assert _profile(activation_bytes_per_example=0.0).crossover == math.inf  # both flat
+    slow = planner.MemoryProfile(floor_bytes=100, gradient_bytes=0, other_bytes=0.0,
+                                 other_bytes_per_example=0.0, activation_bytes_per_example=0.5,
+                                 activation_intercept_bytes=0.0, optimizer_peak_bytes=101.0,
+                                 optimizer_bytes_per_example=0.0, method="cpu-tracker")
+    assert slow.crossover == pytest.approx(2.0)  # 100 + b / 2 = 101 at b = 2
+
+
+@pytest.mark.parametrize("obj", [
+    PLAIN,
+    planner.Plan(4, 8, False, 1, "r"),
+    planner.Estimate("e", 1.0, 1, "x"),
+    planner.RemedyFloor("r", 1.0, 0.0),
+], ids=lambda o: type(o).__name__)
+def test_result_objects_are_frozen(obj: object) -> None:
+    name = next(iter(vars(obj)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(obj, name, None)
+
+
+def test_plan_describe_and_budget_default() -> None:
+    plan = planner.Plan(4, 8, False, 2**30, "r")
+    assert plan.budget_bytes == 0.0
+    assert plan.describe() == "4 x 8 (predicted peak 1.00 GiB)"  # exactly 1 GiB is shown in GiB
+    ckpt = planner.Plan(8, 4, True, 118 * MiB, "r")
+    assert ckpt.describe() == "8 x 4, checkpointed (predicted peak 118.00 MiB)"
+
+
+def test_recommend_reason_with_accumulation() -> None:
+    plan = planner.recommend(150 * MiB, 32, PLAIN, CKPT)
+    assert plan.reason == ("Micro-batch 4: it is the largest micro-batch dividing 32 that fits without "
+                           "checkpointing, so accumulate 8 micro-steps and spend no recompute "
+                           "(predicted peak 142.00 MiB of 150.00 MiB).")
+    assert plan.budget_bytes == 150 * MiB and plan.describe() == "4 x 8 (predicted peak 142.00 MiB)"
+
+
+def test_recommend_a_peak_equal_to_the_budget_fits() -> None:
+    plan = planner.recommend(142 * MiB, 32, PLAIN)  # 102 + 10 * 4 = 142 MiB exactly
+    assert (plan.micro_batch, plan.predicted_peak_bytes) == (4, 142 * MiB)
+
+
+def test_recommend_min_micro_batch_equal_to_the_effective_batch() -> None:
+    # one pass of 32: no gradients alive yet at the forward peak, 100 + 2 + 320 - 25 = 397 MiB
+    plan = planner.recommend(1.5 * 2**30, 32, PLAIN, min_micro_batch=32)
+    assert (plan.micro_batch, plan.accumulation_steps, plan.predicted_peak_bytes) == (32, 1, 397 * MiB)
+    assert plan.reason == ("Micro-batch 32: the whole effective batch fits in one pass, so there is nothing "
+                           "to accumulate (predicted peak 397.00 MiB of 1.50 GiB).")
+
+
+def test_recommend_reason_with_checkpointing() -> None:
+    plan = planner.recommend(130 * MiB, 32, PLAIN, CKPT, min_micro_batch=8)
+    assert plan.reason == ("Micro-batch 8 with checkpointing: without it even micro-batch 8 would peak at "
+                           "182.00 MiB, over the 130.00 MiB budget; checkpointing brings micro-batch 8 to "
+                           "118.00 MiB, and 4 accumulation steps make the batch of 32.")
+    assert type(plan.accumulation_steps) is int and plan.accumulation_steps == 4
+
+
+def _refusal(*args: object, **kwargs: object) -> str:
+    with pytest.raises(ValueError, match="^Nothing fits") as info:
+        planner.recommend(*args, **kwargs)
+    return str(info.value)
+
+
+def test_recommend_refusal_names_each_prediction() -> None:
+    # budget = floor: the floor fits; micro-batch 1 needs 112 MiB plain, and checkpointed its
+    # forward peak (104 MiB) is below the optimizer step's 110 MiB
+    msg = _refusal(100 * MiB, 32, PLAIN, CKPT)
+    assert (f"the floor fits, but even micro-batch 1 does not (predicted {112 * MiB} bytes without "
+            f"checkpointing, {110 * MiB} bytes with it).") in msg
+    msg = _refusal(105 * MiB, 32, PLAIN)
+    assert f"even micro-batch 1 does not (predicted {112 * MiB} bytes)." in msg
+    msg = _refusal(90 * MiB, 32, PLAIN, CKPT)
+    assert f"is {100 * MiB} bytes, and the budget is below the floor itself." in msg
+    # a single candidate size, taken in one pass (no gradients yet): 397 MiB
+    msg = _refusal(300 * MiB, 32, PLAIN, min_micro_batch=32)
+    assert f"even micro-batch 32 does not (predicted {397 * MiB} bytes)." in msg
+
+
+def test_korthikanti_estimate_by_hand() -> None:
+    """sbh(34 + 5as/h) bytes per layer in 16-bit with 1-byte dropout masks; in fp32 without
+    dropout: 64 sbh + 4 as^2 b (2 sbh and 5 as^2 b of masks and dropout output go); with
+    dropout 66 sbh + 9 as^2 b; full recompute keeps a 4 sbh input per layer."""
+    s, h, a, n, b = 8, 16, 2, 3, 2
+    sbh, as2b = s * b * h, a * s * s * b  # 256 and 256
+    no_dropout = GPTConfig(seq_len=s, d_model=h, n_heads=a, n_layers=n, dropout=0.0)
+    dropout = GPTConfig(seq_len=s, d_model=h, n_heads=a, n_layers=n, dropout=0.1)
+    assert planner.korthikanti_activation_bytes(no_dropout, b, recompute=False) == n * (64 * sbh + 4 * as2b)
+    assert planner.korthikanti_activation_bytes(dropout, b, recompute=False) == n * (66 * sbh + 9 * as2b)
+    est = {e.name: e for e in planner.popular_estimates(no_dropout, 1000, b, 100_000, checkpointed=False)}
+    korth = est["16 B/param + Korthikanti (sbh(34 + 5as/h) per layer)"]
+    assert korth.predicted_bytes == 16_000 + 3 * 17_408
+    assert korth.leaves_out.endswith("the gradient of the logits, optimizer temporaries")
+    est = {e.name: e for e in planner.popular_estimates(no_dropout, 1000, b, 100_000, checkpointed=True)}
+    korth = est["16 B/param + Korthikanti (full recompute, 2sbh per layer)"]
+    assert korth.predicted_bytes == 16_000 + n * 4 * sbh
+    assert korth.leaves_out.endswith(
+        "the gradient of the logits, one block's recomputed internals during backward, optimizer temporaries")
+
+
+def test_remedy_floors_default_workers_and_every_row() -> None:
+    rows = {r.remedy: r.floor_bytes for r in planner.remedy_floors(100, 100, 200)}
+    assert rows == {
+        "Adam, fp32 (measured)": 400,
+        "SGD with momentum (one buffer)": 300,
+        "SGD, no momentum (no state)": 200,
+        "bf16 parameters and gradients, fp32 Adam state": 300,
+        "bf16 Adam state": 300,
+        "optimizer state offloaded to CPU": 200,
+        "optimizer state sharded over 2 workers (ZeRO-1)": 300,
+        "everything sharded over 2 workers (FSDP / ZeRO-3)": 200,
+        "optimizer state sharded over 4 workers (ZeRO-1)": 250,
+        "everything sharded over 4 workers (FSDP / ZeRO-3)": 100,
+    }
+
+
+@pytest.mark.parametrize(("args", "name"), [
+    ((0, 100, 200), "parameters"), ((100, 0, 200), "gradients"), ((100, 100, 0), "optimizer_state"),
+])
+def test_remedy_floors_names_the_bad_argument(args: tuple[int, int, int], name: str) -> None:
+    with pytest.raises(ValueError, match=f"^{name} must"):
+        planner.remedy_floors(*args)
+    with pytest.raises(ValueError, match=r"^workers\[i\] must"):
+        planner.remedy_floors(100, 100, 200, workers=(2, 0))
+
+
+def test_gb_is_decimal() -> None:
+    assert planner.GB == 10**9  # the explainer's gigabytes are decimal

@@ -132,3 +132,26 @@ def test_torch_is_a_range_and_ci_pins_the_cpu_wheel() -> None:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_readme_lesson_map_lists_notebook(path: Path) -> None:
     assert f"notebooks/{path.name}" in (ROOT / "README.md").read_text()
+
+
+def _judged_bullets() -> list[tuple[str, str, str]]:
+    """The bullets of docs/mutants.md, parsed by the same pattern `make mutate`'s report uses."""
+    pattern = re.compile(r"^- (helpers/[\w/]+\.py): `(.+)` → `(.+)`")  # scripts/mutmut_report.py JUDGED
+    report = (ROOT / "scripts" / "mutmut_report.py").read_text()
+    assert pattern.pattern in report, "the report's pattern changed: update this test"
+    lines = (ROOT / "docs" / "mutants.md").read_text().splitlines()
+    bullets = [m.groups() for m in map(pattern.match, lines) if m]
+    loose = [line for line in lines if line.startswith("- helpers/") and not pattern.match(line)]
+    assert not loose, f"docs/mutants.md bullets the report cannot read: {loose[:3]}"
+    return bullets
+
+
+def test_judged_mutants_name_lines_that_exist() -> None:
+    """A judged survivor whose line is gone from its module is stale: delete or update the bullet."""
+    bullets = _judged_bullets()
+    assert bullets, "docs/mutants.md lists no judged survivor"
+    stale = [
+        (path, original) for path, original, _ in bullets
+        if original not in {line.strip() for line in (ROOT / path).read_text().splitlines()}
+    ]
+    assert not stale, f"docs/mutants.md names lines no longer in the helpers: {stale[:5]}"

@@ -212,3 +212,44 @@ def test_gradients_freed_inside_the_region_stay_gradients() -> None:
     assert max(tl.series["gradients"]) == p and tl.series["gradients"][-1] == 0
     assert max(tl.series["other"]) < p  # no dead gradient left uncategorised
     assert tl.phases[after:] == ["forward"] and y.shape == x.shape
+
+
+def test_an_empty_output_filled_by_an_out_argument_is_counted() -> None:
+    """`torch.add(a, b, out=out)` on an empty `out` grows its storage from 0 to 100 floats."""
+    with MemoryTracker() as tracker:
+        a, b = torch.ones(100), torch.ones(100)
+        out = torch.empty(0)
+        empty = tracker.mark("a, b and an empty out")
+        torch.add(a, b, out=out)
+        full = tracker.mark("out filled")
+    assert (empty, full) == (800, 1200) and out.sum() == 200
+
+
+def test_a_storage_keeps_the_first_category_it_was_claimed_for() -> None:
+    """A buffer that aliases a parameter (a detached view of it) is one storage, counted once,
+    as a parameter: parameters are claimed first, and a later claim does not move it to "other"."""
+
+    class Aliased(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(256))  # 1 KiB
+            self.register_buffer("alias", self.w.detach())
+
+    with MemoryTracker(model=Aliased()) as tracker:
+        live = tracker.mark("model only")
+    assert live == 1024
+    assert tracker.timeline().at(-1) == {
+        "parameters": 1024, "gradients": 0, "optimizer_state": 0, "activations": 0, "other": 0
+    }
+
+
+def test_the_tracker_counts_on_the_models_device() -> None:
+    """A model on another device (here "meta", standing in for a GPU on a CPU machine): the tracker
+    counts that device's storages and ignores the CPU's. Linear(4, 4) has 20 floats: 80 bytes."""
+    model = nn.Linear(4, 4, device="meta")
+    with MemoryTracker(model=model) as tracker:
+        on_cpu = torch.ones(10)  # 40 bytes on another device: not counted
+        on_meta = torch.ones(8, device="meta")  # 32 bytes
+        live = tracker.mark("one tensor on each device")
+    assert tracker.device_type == "meta" and live == 80 + 32
+    assert tracker.timeline().series["parameters"][-1] == 80 and on_cpu.numel() == on_meta.numel() + 2
