@@ -62,6 +62,7 @@ from helpers.models import (
     explainer_model,
 )
 from helpers.saved_tensors import (
+    KORTHIKANTI,
     QUADRATIC_TERMS,
     SavedTensor,
     attention_core_policy,
@@ -617,8 +618,15 @@ def check_exercise_1(s: object) -> str:
     if value is None:
         return f"Hint: answer with a number (a sequence length), got {s!r}."
     if abs(value - exact) <= 1.5:
+        # The same break-even in fp32 with 4-byte CPU masks, from the per-term table itself.
+        terms = korthikanti_terms(s=1, b=1, h=1, a=1, act_bytes=4, mask_bytes=4)
+        by_size = {"sbh": 0.0, "as2b": 0.0}
+        for (_, _, size, _), value_bytes in zip(KORTHIKANTI, terms.values(), strict=True):
+            by_size[size] += value_bytes
+        linear, square = by_size["sbh"], by_size["as2b"]
         return (f"Correct: 5as/h > 34 means s > 34h / (5a) = {exact:.1f}, so from s = 109 on the s^2 "
-                "terms are the bigger part (in fp32 with 4-byte CPU masks: 12as/h > 66, s > 88).")
+                f"terms are the bigger part (in fp32 with 4-byte CPU masks: {square:g}as/h > {linear:g}, "
+                f"s > {linear * 64 / (square * 4):g}).")
     return "Hint: set 5 * a * s / h equal to 34 and solve for s with h = 64, a = 4."
 
 

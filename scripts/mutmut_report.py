@@ -18,7 +18,7 @@ import re
 import sqlite3
 import sys
 
-JUDGED = re.compile(r"^- (helpers/[\w/]+\.py): `(.+)` → `(.+)`")
+JUDGED = re.compile(r"^- (helpers/[\w/]+\.py): `(.+?)` → `(.+?)`(?::\s|$)")
 
 KILLED = ("ok_killed", "ok_suspicious", "bad_timeout")
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import warnings
+from collections.abc import Callable
 
 import matplotlib.pyplot as plt
 import pytest
@@ -274,6 +276,9 @@ def test_interleaved_times_shape_and_arguments() -> None:
 
 def test_exercise_checkers() -> None:
     assert ckpt.check_exercise_1(109).startswith("Correct")
+    # fp32, 4-byte masks, by hand: sbh terms 32 two-byte elements -> 64 B plus 2 masks x 4 B = 72;
+    # as^2b terms 4 two-byte elements -> 8 B plus 1 mask x 4 B = 12; 12 * 4 * s / 64 > 72 -> s > 96
+    assert "12as/h > 72, s > 96)" in ckpt.check_exercise_1(109)
     assert ckpt.check_exercise_1(60).startswith("Hint")
     assert ckpt.check_exercise_1("a lot").startswith("Hint")
 
@@ -349,3 +354,286 @@ def test_trade_off_flops_against_an_independent_count() -> None:
     assert plain.flops_per_update == ck.plain_flops_per_update == k * step.get_total_flops()
     assert plain.extra_flops == 0
     assert 0.5 * forward_of_blocks <= ck.extra_flops <= forward_of_blocks, (ck.extra_flops, forward_of_blocks)
+
+
+# ---------------------------------------------------------------------------
+# Issue 16: tests written against the surviving mutants of helpers/checkpointing.py
+# ---------------------------------------------------------------------------
+
+
+def test_result_objects_are_frozen() -> None:
+    timing = ckpt.Timing(1.0, 0.5, 2.0, 3)
+    point = ckpt.SegmentPoint(2, 10, 20)
+    row = ckpt.TradeOff(2, 4, False, None, 8, 8, timing)  # type: ignore[arg-type]
+    for obj, field in ((timing, "median"), (point, "saved_bytes"), (row, "steps")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, field, 0)
+
+
+def test_timing_scaled_multiplies_median_and_both_ends() -> None:
+    # 2, 1, 3 s over 5 runs, times K = 4 micro-steps: 8, 4, 12 s, still 5 runs.
+    assert ckpt.Timing(2.0, 1.0, 3.0, 5).scaled(4) == ckpt.Timing(8.0, 4.0, 12.0, 5)
+
+
+class _FakeClock:
+    """`time.perf_counter` that moves only when a timed callable "runs" for a given duration."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0  # far from 0, so start + end cannot pass for end - start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def runner(self, durations: list[float]) -> Callable[[], None]:
+        todo = iter(durations)
+
+        def run() -> None:
+            self.now += next(todo)
+
+        return run
+
+
+def test_interleaved_times_reads_a_fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Known durations: the median, min and max of the timed runs, warm-up excluded."""
+    clock = _FakeClock()
+    monkeypatch.setattr(ckpt.time, "perf_counter", clock)
+    # warm-up 100 s (not timed), then 3, 1, 5, 2, 4 s: sorted 1..5, median 3.
+    fns = {"a": clock.runner([100.0, 3.0, 1.0, 5.0, 2.0, 4.0]),
+           "b": clock.runner([100.0, 0.5, 0.5, 0.5, 0.5, 0.5])}
+    times = ckpt.interleaved_times(fns, repeats=5, warmup=1)
+    assert times["a"] == ckpt.Timing(3.0, 1.0, 5.0, 5)
+    assert times["b"] == ckpt.Timing(0.5, 0.5, 0.5, 5)
+
+
+def test_interleaved_times_defaults_one_warmup_and_five_runs() -> None:
+    calls: list[str] = []
+    times = ckpt.interleaved_times({"a": lambda: calls.append("a")})
+    assert len(calls) == 1 + 5 and times["a"].runs == 5
+
+
+def test_default_block_wrapper_matches_the_notebooks_checkpoint_call() -> None:
+    """Each policy against the `checkpoint(...)` call the lesson writes out (issue 16, item 4).
+
+    "full" with the default `every` checkpoints every block, like the notebook's lambda;
+    "save-matmuls" and "attention-core" pass their own policy as `context_fn`.
+    """
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    model, idx, targets = _gpt(n_layers=4)
+
+    def kept(wrapper: object) -> int:
+        model.block_wrapper = wrapper
+        try:
+            return saved_activation_bytes(lambda: _loss(model, idx, targets))
+        finally:
+            model.block_wrapper = None
+
+    def selective(policy: object) -> object:
+        context = functools.partial(create_selective_checkpoint_contexts, policy)
+        return lambda block, x: checkpoint(block, x, use_reentrant=False, context_fn=context)
+
+    notebook = {
+        "full": lambda block, x: checkpoint(block, x, use_reentrant=False),
+        "save-matmuls": selective(ckpt.save_matmul_outputs),
+        "attention-core": selective(ckpt.attention_core_policy(B, A)),
+    }
+    expected = {policy: kept(wrapper) for policy, wrapper in notebook.items()}
+    assert len(set(expected.values())) == 3  # the three policies keep different amounts
+    assert {policy: kept(ckpt.make_block_wrapper(policy)) for policy in notebook} == expected
+
+
+def test_chain_layer_costs_single_and_parameter_free_layers() -> None:
+    """A one-layer chain works (the first layer is measured), and a layer without parameters
+    (Tanh keeps its output) still counts: a = b, one boundary-sized tensor."""
+    x = torch.randn(4, 8)
+    b = 4 * 8 * 4
+    assert ckpt.chain_layer_costs(ckpt.make_chain(1, 8), x) == (b, b)
+    assert ckpt.chain_layer_costs(torch.nn.Sequential(torch.nn.Tanh(), torch.nn.Tanh()), x) == (b, b)
+
+
+def test_segment_cost_hand_computed() -> None:
+    # a = 3, b = 2, n = 8 layers, k = 4 segments: 3 * 8 / 4 + 2 * 4 = 6 + 8 = 14
+    assert ckpt.segment_cost(3, 2, 8, 4) == 14
+    assert ckpt.segment_cost(3, 2, 8, 1) == 3 * 8 + 2
+
+
+@pytest.mark.parametrize("n, k", [(1, 1), (4, 1), (4, 4)])
+def test_segment_sweep_peak_hand_counted(n: int, k: int) -> None:
+    """Linear chain, b = 128 bytes (4 x 8 fp32), k = 1 or k = n: peak = (n + 2) b + 8.
+
+    Alive at the peak: the n + 1 boundary tensors of forward (the input, which requires grad,
+    and every layer's output; non-reentrant checkpoint stops recomputing once it has a
+    Linear's input back, so the recompute adds none), one gradient of a boundary, and two
+    4-byte scalars (y.sum() and its gradient seed). Saved after forward: n boundaries.
+    """
+    seed_everything(0)
+    chain = ckpt.make_chain(n, 8, "linear")
+    b = 4 * 8 * 4
+    (point,) = ckpt.segment_sweep(chain, torch.randn(4, 8), [k])
+    assert (point.saved_bytes, point.peak_bytes) == (n * b, (n + 2) * b + 8)
+    assert all(p.grad is None for p in chain.parameters())  # the sweep leaves no gradients behind
+
+
+def test_sizes_per_scale_as_the_lesson_uses_them() -> None:
+    """The sizes each scale runs (the notebook prints them); medium and full are sized for the
+    class's GPU memory (checked by test_predicted_peak_fits_the_scale_class)."""
+    shapes = {  # block (b, s, h, a), selective block (b, s, h, a), chain (width, batch), widget max B
+        "tiny": ((4, 32, 32, 2), (2, 64, 16, 4), (32, 16), 8),
+        "small": ((8, 64, 64, 4), (4, 256, 64, 4), (128, 64), 16),
+        "medium": ((4, 1024, 512, 8), (2, 1024, 512, 8), (1024, 512), 8),
+        "full": ((8, 1024, 1024, 16), (4, 1024, 1024, 16), (1024, 1024), 8),
+    }
+    gpt = {  # (vocab, seq_len, d_model, heads, layers), micro-batch; dropout 0.1 everywhere
+        "tiny": ((64, 32, 32, 2, 8), 4),
+        "small": ((128, 64, 64, 4, 8), 8),
+        "medium": ((8192, 1024, 512, 8, 8), 4),
+        "full": ((8192, 1024, 1024, 16, 12), 4),
+    }
+    for scale, (block, selective, chain, top) in shapes.items():
+        assert ckpt.block_shape(scale) == block, scale
+        assert ckpt.selective_shape(scale) == selective, scale
+        b, s, h, a = selective
+        assert a * s // h == 16  # the docstring's a*s/h = 16 at every scale
+        assert ckpt.chain_shape(scale) == chain, scale
+        assert ckpt.widget_max_micro_batch(scale) == top, scale
+        cfg, micro_batch = ckpt.gpt_setup(scale)
+        sizes = (cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.n_layers)
+        assert (sizes, micro_batch) == gpt[scale], scale
+        assert cfg.dropout == 0.1
+    assert ckpt.WIDGET_MAX_STEPS == 16  # the K slider's top
+    # sqrt(n) is a whole number and one of the divisors, so the best k lies on the sweep
+    for n in ckpt.CHAIN_LENGTHS:
+        assert round(n ** 0.5) ** 2 == n and round(n ** 0.5) in ckpt.divisors(n)
+    assert ckpt.CHAIN_LENGTHS == (16, 36, 64)
+
+
+@pytest.mark.parametrize("scale", ["tiny", "small", "medium", "full"])
+def test_predicted_peak_from_independent_counts(scale: str) -> None:
+    """The section GPT's Adam step, the largest experiment at every scale, from its parts:
+
+    - 16 bytes per parameter, the parameters counted by torch on a meta-device GPT;
+    - Korthikanti's per-layer bytes in fp32 with 4-byte CPU dropout masks, written out:
+      16-bit sbh(34 + 5as/h) is 32 sbh activation bytes + 2 sbh mask bytes and 4 as^2b
+      activation bytes + as^2b mask bytes, so fp32 gives 72 sbh + 12 as^2b; for every block
+      and one more (backward's working set);
+    - three fp32 logits-sized tensors (b, s, vocab) for the loss.
+    """
+    from helpers.models import GPT
+
+    cfg, b = ckpt.gpt_setup(scale)
+    with torch.device("meta"):
+        n_params = sum(p.numel() for p in GPT(cfg).parameters())
+    s, h, a = cfg.seq_len, cfg.d_model, cfg.n_heads
+    layer = 72 * s * b * h + 12 * a * s * s * b
+    expected = 16 * n_params + (cfg.n_layers + 1) * layer + 3 * b * s * cfg.vocab_size * 4
+    assert ckpt.predicted_peak_bytes(scale) == expected
+
+
+def test_trade_off_reference_rows_and_labels() -> None:
+    """The explainer's three rows: 8 x 4 and 4 x 8 without checkpointing, 4 x 8 with it."""
+    assert [b * k for b, k, _ in ckpt.REFERENCE_ROWS] == [32, 32, 32]
+    assert [(b, on) for b, _, on in ckpt.REFERENCE_ROWS] == [(8, False), (4, False), (4, True)]
+    timing = ckpt.Timing(1.0, 1.0, 1.0, 1)
+    assert ckpt.TradeOff(8, 4, False, None, 0, 0, timing).label == "8 x 4"  # type: ignore[arg-type]
+
+
+def test_trade_off_lab_defaults_smallest_controls_and_messages() -> None:
+    model = explainer_model("tiny", torch.device("cpu"))
+    lab = ckpt.TradeOffLab(model)
+    row = lab.measure(1, 1, False)  # the sliders' smallest B and K
+    assert (row.micro_batch, row.steps, row.effective_batch) == (1, 1, 1)
+    assert row.time_per_update.runs == 3  # the notebook: "the median of three interleaved micro-steps"
+    with pytest.raises(TypeError, match="^model must be a helpers.models.GPT, got Linear"):
+        ckpt.TradeOffLab(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="^repeats must"):
+        ckpt.TradeOffLab(model, repeats=0)
+
+
+def test_trade_off_lab_measures_memory_on_at_most_two_micro_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory comes from an update of min(K, 2) micro-steps, measured once per (B, min(K, 2), on)."""
+    from helpers import updates
+
+    steps_measured: list[int] = []
+
+    def spy(*args: object, **kwargs: object) -> object:
+        steps_measured.append(kwargs["steps"])
+        return updates.measure_update(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "measure_update", spy)
+    lab = ckpt.TradeOffLab(explainer_model("tiny", torch.device("cpu")), repeats=1)
+    for k in (1, 8, 2, 16):
+        lab.measure(1, k, False)
+    assert steps_measured == [1, 2]
+
+
+def test_micro_step_restores_the_wrapper_and_clears_gradients() -> None:
+    model = explainer_model("tiny", torch.device("cpu"))
+    lab = ckpt.TradeOffLab(model, repeats=1)
+
+    def own(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return block(x)
+
+    model.block_wrapper = own
+    lab.micro_step(2, True)()
+    assert model.block_wrapper is own
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_micro_costs_time_without_an_extra_warmup() -> None:
+    """FLOP counting runs each step once (the warm-up); then `repeats` timed runs of each:
+    2 + 2 x 2 = 6 forwards of the model for repeats = 2."""
+    model = explainer_model("tiny", torch.device("cpu"))
+    lab = ckpt.TradeOffLab(model, repeats=2)
+    forwards: list[int] = []
+    handle = model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    try:
+        lab._micro_costs(2)
+    finally:
+        handle.remove()
+    assert len(forwards) == 2 + 2 * 2
+
+
+def test_checkpointed_trade_off_flops_match_the_notebooks_lambda() -> None:
+    """The lab's checkpointed FLOPs against FlopCounterMode around the notebook's own
+    `checkpoint(block, x, use_reentrant=False)` step (issue 16, item 4)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = explainer_model("tiny", torch.device("cpu"))
+    lab = ckpt.TradeOffLab(model, repeats=1)
+    b, k = 2, 3
+    row = lab.measure(b, k, True)
+    idx, targets = token_batch(b, model.cfg.seq_len, model.cfg.vocab_size, seed=0)
+    model.block_wrapper = lambda block, x: checkpoint(block, x, use_reentrant=False)
+    try:
+        with FlopCounterMode(display=False) as counter:
+            lm_loss(model(idx), targets).backward()
+    finally:
+        model.block_wrapper = None
+        model.zero_grad(set_to_none=True)
+    assert row.flops_per_update == k * counter.get_total_flops()
+
+
+def test_widget_latency_cases_name_every_slider_end() -> None:
+    cases = ckpt.widget_latency_cases("tiny", torch.device("cpu"))
+    assert set(cases) == {"B=2", "B=8", "K=1", "K=16", "checkpoint on"}  # tiny: B up to 8, K up to 16
+
+
+def test_predicted_peak_other_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The smaller experiments' candidates, each made the largest by taking the others away.
+
+    - single blocks (sections 1 and 5): twice Korthikanti's fp32 bytes with 4-byte masks,
+      72 sbh + 12 as^2b (saved tensors plus backward's temporaries); at `small` the
+      selective block (b, s, h, a) = (4, 256, 64, 4) is the larger;
+    - the MLP chain at k = 1: its 64 layers with 8 boundary-sized fp32 tensors each, which
+      bounds what a layer keeps (measured below: about 6 boundaries a layer, plus backward's).
+    """
+    monkeypatch.setattr(ckpt, "_gpt_peak", lambda cfg, b: 0)
+    b, s, h, a = 4, 256, 64, 4
+    assert ckpt.predicted_peak_bytes("small") == 2 * (72 * s * b * h + 12 * a * s * s * b)
+    monkeypatch.setattr(ckpt, "block_shape", lambda scale: (1, 1, 1, 1))
+    monkeypatch.setattr(ckpt, "selective_shape", lambda scale: (1, 1, 1, 1))
+    width, batch = 128, 64  # chain_shape("small")
+    assert ckpt.predicted_peak_bytes("small") == 64 * 8 * width * batch * 4
+    n, x = 16, torch.randn(8, 16)
+    (point,) = ckpt.segment_sweep(ckpt.make_chain(n, 16, "mlp"), x, [1])
+    assert point.peak_bytes <= n * 8 * x.numel() * 4
