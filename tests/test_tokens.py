@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import tokens
 from helpers.accumulation import compare_grads
 from helpers.tokens import (
     IGNORE_INDEX,
@@ -21,6 +24,7 @@ from helpers.tokens import (
     sequence_lengths,
     split_micro_batches,
     tiny_lm,
+    tiny_lm_config,
     token_weighting_report,
     variable_length_sequences,
 )
@@ -264,10 +268,20 @@ def test_report_losses_match_a_hand_computed_cross_entropy(model: torch.nn.Modul
     assert r.micro_batch == b and r.effective_batch == 8
 
 
-def test_pretrain_lowers_the_loss_and_leaves_no_gradients() -> None:
+def test_pretrain_lowers_the_loss_and_leaves_no_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With its defaults (spread 0, lr 1e-2): every batch is full length (n_seqs x L valid labels,
+    no padding) and the loss falls."""
+    batches = []
+
+    def spy(samples, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        batches.append(pad_sequences(samples, **kwargs))
+        return batches[-1]
+
+    monkeypatch.setattr(tokens, "pad_sequences", spy)
     lm = tiny_lm(vocab_size=V, max_len=L, d_model=16, n_layers=1, seed=0)
     before = [p.detach().clone() for p in lm.parameters()]
-    losses = pretrain(lm, steps=30, n_seqs=8, lr=1e-2)
+    losses = pretrain(lm, steps=30, n_seqs=8)
+    assert len(batches) == 30 and all(mb.labels.shape == (8, L) and mb.n_tokens == 8 * L for mb in batches)
     assert len(losses) == 30 and all(isinstance(v, float) for v in losses)
     assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5  # Adam at lr 1e-2 learns the pattern
     assert any(not torch.equal(a, p) for a, p in zip(before, lm.parameters(), strict=True))
@@ -302,3 +316,35 @@ def test_accumulation_report_takes_any_spread_in_range(model: torch.nn.Module) -
     with pytest.raises(ValueError, match="spread"):
         accumulation_report(model, 2, 2, 1.5)
 
+
+
+# -- issue 16: survivors of the mutation run ---------------------------------------------------
+def test_padding_uses_token_0_by_default() -> None:
+    a = (torch.tensor([5, 6, 7]), torch.tensor([6, 7, 8]))
+    b = (torch.tensor([9]), torch.tensor([3]))
+    mb = pad_sequences([a, b])
+    assert mb.input_ids.tolist() == [[5, 6, 7], [9, 0, 0]]
+    assert mb.labels.tolist() == [[6, 7, 8], [3, IGNORE_INDEX, IGNORE_INDEX]]
+    assert pad_sequences([a, b], pad_id=4).input_ids.tolist() == [[5, 6, 7], [9, 4, 4]]
+
+
+@pytest.mark.parametrize(("d_model", "heads"), [(8, 1), (16, 1), (32, 2), (48, 3), (64, 4), (40, 2)])
+def test_the_lesson_model_has_one_head_per_16_channels(d_model: int, heads: int) -> None:
+    cfg = tiny_lm_config(vocab_size=V, max_len=L, d_model=d_model, n_layers=1)
+    assert type(cfg.n_heads) is int and cfg.n_heads == heads
+    assert cfg.dropout == 0.0 and cfg.seq_len == L
+
+
+def test_results_are_frozen(model: torch.nn.Module) -> None:
+    r = accumulation_report(model, 2, 2, 1.0)
+    step = full_batch_step(model, _samples(2))
+    mb = pad_sequences(_samples(2))
+    for obj, name in ((r, "k"), (step, "loss"), (mb, "labels")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, name, None)
+
+
+def test_report_sizes_are_whole_numbers(model: torch.nn.Module) -> None:
+    """The widget prints "effective batch B x K = N": B and N are ints, not 2.0 and 8.0."""
+    r = token_weighting_report(model, 4, 1.0, n_seqs=8)
+    assert f"{r.micro_batch} x {r.k} = {r.effective_batch}" == "2 x 4 = 8"

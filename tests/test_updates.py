@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from fractions import Fraction
+
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from helpers.models import GPTConfig, explainer_config, explainer_model
+from helpers import plots
+from helpers.data import token_batch
+from helpers.models import GPT, GPTConfig, explainer_config, explainer_model, seeded_gpt
+from helpers.training import lm_loss, make_optimizer
 from helpers.updates import (
+    ConfigMemory,
     activation_bytes_per_example,
     activation_sweep,
     breakdown_for,
     linear_fit,
     measure_config,
     measure_update,
+    plot_measured_table,
     predicted_update_peak_bytes,
 )
 
@@ -110,3 +120,176 @@ def test_linear_fit_on_noisy_data_matches_numpy() -> None:
     assert fit.r2 == pytest.approx(r2, rel=1e-9)
     flat = linear_fit([1, 2, 3, 4], [5.0, 5.0, 5.0, 5.0])  # nothing to explain: a perfect fit
     assert (flat.slope, flat.intercept, flat.r2) == (0.0, 5.0, 1.0)
+
+
+# -- issue 16: survivors of the mutation run, killed with independent values ------------------
+TINY = GPTConfig(vocab_size=5, seq_len=3, d_model=4, n_heads=2, n_layers=2, dropout=0.0)
+OTHER = GPTConfig(vocab_size=7, seq_len=5, d_model=8, n_heads=2, n_layers=3, dropout=0.0)
+
+
+def _gpt(cfg: GPTConfig) -> GPT:
+    return seeded_gpt(cfg, CPU, seed=0)
+
+
+def _saved_float_bytes(model: GPT, b: int) -> int:
+    """Float32 bytes autograd saves for one forward + loss, counted by torch's saved-tensor hooks.
+
+    Each storage counts once; parameters and scalars (the loss) are left out, as are the int64
+    token ids, positions and targets (the formula counts float32 activations only).
+    """
+    cfg = model.cfg
+    idx, targets = token_batch(b, cfg.seq_len, cfg.vocab_size, seed=0)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in params and t.dtype == torch.float32 and t.dim() > 0:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lm_loss(model(idx), targets)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("cfg", [TINY, OTHER], ids=["L2", "L3"])
+def test_activation_formula_equals_what_autograd_saves(cfg: GPTConfig) -> None:
+    """Exact, on configs small enough that the LayerNorm statistics (2s per norm) weigh in."""
+    model = _gpt(cfg)
+    one, two = _saved_float_bytes(model, 1), _saved_float_bytes(model, 2)
+    assert two == 2 * one  # everything counted scales with the batch
+    assert activation_bytes_per_example(cfg) == one
+
+
+def _optimizer_state_bytes(model: GPT, optimizer: str) -> int:
+    """Bytes of the state torch's optimizer keeps after one real step (exp_avg, step, momentum...)."""
+    opt = make_optimizer(optimizer, model)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    total = sum(t.nbytes for state in opt.state.values() for t in state.values() if torch.is_tensor(t))
+    opt.zero_grad(set_to_none=True)
+    return total
+
+
+def test_predicted_peak_terms_match_independent_counts() -> None:
+    """Each term of the predicted peak against a count that does not use the formula.
+
+    - per example: the saved float32 activations (hooks) plus the logits' and their log-softmax's
+      gradients, each the size of the logits (the model's output);
+    - gradients: the parameters' bytes, present only from the second micro-step on;
+    - optimizer state: what torch's own optimizers keep after a step (Adam: two tensors per
+      parameter and a float32 step counter per tensor; momentum SGD: one buffer; SGD: nothing);
+    - fixed: the causal-mask buffers (bool, L s^2), the int64 positions (s) and two float32 loss
+      scalars: 2*3*3 + 8*3 + 2*4 = 50 bytes for TINY.
+    """
+    model = _gpt(TINY)
+    params = sum(p.nbytes for p in model.parameters())
+    idx, _ = token_batch(1, TINY.seq_len, TINY.vocab_size, seed=0)
+    with torch.no_grad():
+        logits_bytes = model(idx).nbytes
+
+    def pred(b: int, optimizer: str = "sgd", steps: int = 1) -> int:
+        return predicted_update_peak_bytes(TINY, b, optimizer=optimizer, steps=steps)
+
+    per_example = pred(2) - pred(1)
+    assert per_example == _saved_float_bytes(model, 1) + 2 * logits_bytes
+    fixed = pred(1) - per_example - params  # SGD, one micro-step: no gradients, no state
+    masks = sum(b.nbytes for b in model.buffers())
+    assert masks == TINY.n_layers * TINY.seq_len**2
+    assert fixed == masks + torch.arange(TINY.seq_len).nbytes + 2 * 4 == 50
+    assert pred(1, steps=2) - pred(1) == params  # the gradients
+    for optimizer in ("sgd-momentum", "adam", "adamw"):
+        state = _optimizer_state_bytes(model, optimizer)
+        assert pred(1, optimizer) - pred(1) == state, optimizer
+    assert _optimizer_state_bytes(model, "adam") == 2 * params + 4 * len(list(model.parameters()))
+
+
+def test_result_rows_are_frozen() -> None:
+    row = ConfigMemory(2, 4, 10, 5, 3, 2, "cpu-tracker")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.peak_bytes = 0  # type: ignore[misc]
+    fit = linear_fit([1, 2], [1, 2])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fit.r2 = 0.5  # type: ignore[misc]
+
+
+def test_measure_update_takes_one_true_sgd_step_and_restores_the_model() -> None:
+    """After measuring, the weights are those of plain SGD (lr 1e-3) computed here on full batches:
+    the warm-up step on micro-batch 0 (its loss / K), then one step on micro-batches 0 and 1 together
+    (their mean loss = the accumulated loss / K). The previous block wrapper is back, no gradient left."""
+    model = _gpt(TINY)
+    reference = _gpt(TINY)
+    seen: list[str] = []
+
+    def plain(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return block(x)
+
+    def wrapped(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        seen.append("wrapped")
+        return block(x)
+
+    model.block_wrapper = plain
+    measure_update(model, micro_batch=1, steps=2, optimizer="sgd", block_wrapper=wrapped)
+    assert seen and model.block_wrapper is plain
+    assert all(p.grad is None for p in model.parameters())
+
+    x0, y0 = token_batch(1, TINY.seq_len, TINY.vocab_size, seed=0)
+    x1, y1 = token_batch(1, TINY.seq_len, TINY.vocab_size, seed=1)
+    for idx, targets, factor in ((x0, y0, 0.5), (torch.cat([x0, x1]), torch.cat([y0, y1]), 1.0)):
+        grads = torch.autograd.grad(lm_loss(reference(idx), targets), list(reference.parameters()))
+        with torch.no_grad():
+            for p, g in zip(reference.parameters(), grads, strict=True):
+                p -= 1e-3 * factor * g
+    start = _gpt(TINY)
+    for p, q, p0 in zip(model.parameters(), reference.parameters(), start.parameters(), strict=True):
+        torch.testing.assert_close(p - p0, q - p0, rtol=1e-3, atol=1e-9)
+
+
+def test_breakdown_for_defaults_to_adam_and_the_sweep_shows_progress(capsys: pytest.CaptureFixture) -> None:
+    model = _gpt(TINY)
+    adam_state = _optimizer_state_bytes(_gpt(TINY), "adam")
+    assert breakdown_for(model, 2).breakdown["optimizer_state"] == adam_state
+    sweep = activation_sweep(model, [1, 2])  # two sizes are enough for a line; a bar by default
+    assert list(sweep) == [1, 2]
+    assert re.search(r"(^|\r)micro-batch sweep: 100%", capsys.readouterr().err)
+    activation_sweep(model, [1, 2], progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_budget_line_is_labelled_as_a_drawn_24_gb_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    shown = []
+    monkeypatch.setattr(plots, "show", shown.append)
+    rows = [ConfigMemory(8, 2, 300, 200, 80, 20, "cpu-tracker"),
+            ConfigMemory(4, 4, 200, 100, 80, 20, "cpu-tracker")]
+    plot_measured_table(rows, budget=250.0)
+    (fig,) = shown
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    plt.close(fig)
+    assert any(t.startswith("24 GB budget") and t.endswith("(drawn)") for t in texts), texts
+
+
+def _exact_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares slope and R^2 in exact rational arithmetic."""
+    x, y = [Fraction(v) for v in xs], [Fraction(v) for v in ys]
+    xm, ym = sum(x) / len(x), sum(y) / len(y)
+    sxy = sum((a - xm) * (b - ym) for a, b in zip(x, y, strict=True))
+    sxx = sum((a - xm) ** 2 for a in x)
+    syy = sum((b - ym) ** 2 for b in y)
+    return float(sxy / sxx), float(sxy * sxy / (sxx * syy))
+
+
+def test_linear_fit_is_exact_on_a_large_floor_and_on_small_values() -> None:
+    """Bytes sit on a large floor (~1e9): the centred sums keep the slope to 1e-12 of the exact one.
+    Values below 1 (total variance < 1) still get their true R^2, not 1."""
+    xs = [0.1 * i for i in range(1, 9)]
+    ys = [1e9 + 3.0 * i + 0.1 * ((i * 7) % 5) for i in range(8)]
+    slope, _ = _exact_fit(xs, ys)
+    assert linear_fit(xs, ys).slope == pytest.approx(slope, rel=1e-12)
+    small_x = [1.0, 2.0, 3.0, 4.0, 5.0]
+    small_y = [0.10, 0.35, 0.22, 0.51, 0.40]
+    slope, r2 = _exact_fit(small_x, small_y)
+    fit = linear_fit(small_x, small_y)
+    assert 0.3 < r2 < 0.9
+    assert fit.slope == pytest.approx(slope, rel=1e-12) and fit.r2 == pytest.approx(r2, rel=1e-12)
