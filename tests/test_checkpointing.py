@@ -86,6 +86,37 @@ def test_every_other_block_lands_between() -> None:
     assert saved[1] < saved[2] < plain
 
 
+def test_every_other_block_checkpoints_blocks_0_2_4(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The docstring: the first block, then every `every`-th after it. With 5 blocks and every=2
+    # that is blocks 0, 2 and 4 (counted by hand), and only those reach `checkpoint`.
+    model, idx, targets = _gpt(n_layers=5, dropout=0.0)
+    index_of = {id(block): i for i, block in enumerate(model.blocks)}
+    reached: list[int] = []
+
+    def recording_checkpoint(fn: Callable[..., torch.Tensor], *args: object,
+                             **kwargs: object) -> torch.Tensor:
+        reached.append(index_of[id(fn)])
+        return checkpoint(fn, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "checkpoint", recording_checkpoint)
+    model.block_wrapper = ckpt.make_block_wrapper("full", every=2)
+    _loss(model, idx, targets).backward()
+    assert reached == [0, 2, 4]
+
+
+def test_every_other_block_of_three_keeps_one_blocks_activations() -> None:
+    # 3 equal blocks (no dropout), every=2 checkpoints blocks 0 and 2 and leaves one block plain,
+    # so it keeps exactly one third of what checkpointing all three saves over none.
+    model, idx, targets = _gpt(n_layers=3, dropout=0.0)
+    saved = {}
+    for every in (None, 1, 2):
+        model.block_wrapper = None if every is None else ckpt.make_block_wrapper("full", every=every)
+        saved[every] = saved_activation_bytes(lambda: _loss(model, idx, targets))
+    per_block = (saved[None] - saved[1]) / 3
+    assert per_block > 0
+    assert saved[2] - saved[1] == pytest.approx(per_block, rel=0.02)
+
+
 def test_inference_saves_nothing() -> None:
     model, idx, _ = _gpt(n_layers=2)
     for policy in ("none", "full"):

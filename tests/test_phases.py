@@ -7,9 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from helpers import phases
-from helpers.data import regression_batch
-from helpers.models import ResidualMLP
+from helpers.accumulation import compare_grads, flat_grad, full_batch_grad
+from helpers.data import regression_batch, token_batch
+from helpers.models import GPTConfig, ResidualMLP, seeded_gpt
 from helpers.planner_lab import lesson_model
+from helpers.training import lm_loss
 
 CPU = torch.device("cpu")
 
@@ -66,3 +68,20 @@ def test_checkpointing_lowers_the_measured_forward_peak() -> None:
     a, b = plain(8), ckpt(8)
     assert b.forward_breakdown["activations"] < a.forward_breakdown["activations"]
     assert model.block_wrapper is None, "the measurer puts the model's block wrapper back"
+
+
+def test_accumulate_update_steps_on_the_full_batch_gradient() -> None:
+    # K = 4 micro-batches of 2 sequences: the gradient at the optimizer step must be the gradient
+    # of the mean loss over all 8 sequences, taken in one forward and backward (dropout off).
+    model = seeded_gpt(GPTConfig(vocab_size=32, seq_len=16, d_model=16, n_heads=2, n_layers=2,
+                                 dropout=0.0), CPU)
+    batches = [token_batch(2, 16, 32, seed=i) for i in range(4)]
+    inputs = torch.cat([idx for idx, _ in batches])
+    targets = torch.cat([t for _, t in batches])
+    expected = full_batch_grad(model, lm_loss, inputs, targets)  # before the update moves weights
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    captured: list[torch.Tensor] = []
+    opt.register_step_pre_hook(lambda *_: captured.append(flat_grad(model)))
+    phases.accumulate_update(model, opt, batches)
+    assert len(captured) == 1
+    assert compare_grads(expected, captured[0]).max_rel <= 1e-5

@@ -56,6 +56,20 @@ def test_saved_table_matches_tracker_and_formula() -> None:
         assert by_term[term] == pytest.approx(nbytes), term
 
 
+def test_storage_saved_by_two_ops_counts_once() -> None:
+    # Without dropout the softmax output is saved by Softmax and again by the Bmm with V:
+    # one storage, so the table must not count it twice.
+    block = _block(dropout=0.0)
+    x = torch.randn(B, S, H)
+    rows = st.saved_tensor_table(block, x)
+    measured = saved_activation_bytes(lambda: block(x + 0))
+    assert sum(r.nbytes for r in rows) == pytest.approx(measured, rel=0.01)
+    zero = [r for r in rows if r.nbytes == 0]
+    assert len(zero) == 1, zero
+    assert zero[0].op == "Bmm" and zero[0].shape == (B * A, S, S)
+    assert st.bytes_by_term(rows)["softmax output"] == 4096  # a*s*s*b fp32: 2*16*16*2*4 bytes
+
+
 def test_saved_table_rejects_2d_input() -> None:
     with pytest.raises(ValueError, match="batch, seq, hidden"):
         st.saved_tensor_table(_block(), torch.randn(S, H))
