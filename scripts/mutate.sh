@@ -4,7 +4,7 @@
 # Prints the score per module and every surviving mutant (also written to .mutate/survivors.txt).
 # Not part of `make test`.
 #   MUTATE_MODULES="memory tokens"  limit the run to some modules (default: all below)
-#   MUTATE_JOBS=N                   parallel mutmut runs, each with its own copy (default: nproc)
+#   MUTATE_JOBS=N                   modules tested at once, each in its own copy (default: nproc)
 #   PY=path/to/python               the interpreter with torch, pytest, coverage, mutmut (.venv)
 # How it stays fast: one coverage run records which test executes which line
 # (scripts/mutmut_cov.py); each mutant then runs only those tests, in a child forked from a
@@ -13,7 +13,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
-MODULES=${MUTATE_MODULES:-memory tracker accumulation tokens checkpointing planner distributed updates}
+case $PY in /*) ;; */*) PY=$ROOT/$PY ;; *) PY=$(command -v "$PY") ;; esac  # absolute: the run cds away
+MODULES=${MUTATE_MODULES:-memory tracker accumulation tokens checkpointing planner distributed updates saved_tensors phases}
 JOBS=${MUTATE_JOBS:-$(nproc)}
 "$PY" -c "import mutmut, coverage" 2>/dev/null || { echo "mutmut or coverage is missing: run 'make mutate'"; exit 2; }
 
@@ -21,7 +22,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/mutate.XXXXXX")
 export MUTATE_PY=$PY OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MPLBACKEND=Agg PYTHONDONTWRITEBYTECODE=1
 export LESSONS_POOL_START=fork  # lesson 07's worker pool: fork the imported torch, do not spawn anew
 cleanup() {
-    for sock in "$WORK"/job*/.server.sock; do
+    for sock in "$WORK"/job-*/.server.sock; do
         [ -S "$sock" ] && "$PY" "$WORK/src/scripts/mutmut_server.py" stop "$sock" 2>/dev/null || true
     done
     rm -rf "$WORK"
@@ -49,50 +50,35 @@ PYTHONPATH=scripts "$PY" -m coverage run --data-file=.coverage-ctx --include='he
     -m pytest -q -p no:cacheprovider -p mutmut_cov $tests | tail -1
 "$PY" scripts/mutmut_cov.py map .coverage-ctx mutmut_map.json
 
-# Share the modules out between the jobs, costliest first, each to the job with the least work.
-groups=$("$PY" - "$JOBS" $paths <<'PY'
-import sys
-import mutmut_config as c
-jobs = int(sys.argv[1])
-sizes = sorted(((c.cost(p), p) for p in sys.argv[2:]), reverse=True)
-groups = [[0.0, []] for _ in range(jobs)]
-for n, p in sizes:
-    g = min(groups, key=lambda g: g[0])
-    g[0] += n
-    g[1].append(p)
-print("\n".join(",".join(g[1]) for g in groups if g[1]))
-PY
-)
-
-j=0; pids=""
-for group in $groups; do
-    j=$((j + 1)); dir="$WORK/job$j"
+# One mutmut run per module, each in its own copy with its own fork server; MUTATE_JOBS of them
+# at a time, the costliest (scripts/mutmut_config.py `cost`) first, so the cores stay busy.
+order=$("$PY" -c 'import sys, mutmut_config as c; print(" ".join(p for _, p in sorted(((c.cost(p), p) for p in sys.argv[1:]), reverse=True)))' $paths)
+run_module() {
+    local path=$1 dir=$WORK/job-$(basename "$1" .py)
     cp -r "$WORK/src" "$dir"
-    (
-        cd "$dir"
-        export MUTATE_SOCK=$dir/.server.sock
-        "$PY" scripts/mutmut_server.py serve "$MUTATE_SOCK" &
-        for _ in $(seq 600); do [ -S "$MUTATE_SOCK" ] && break; sleep 0.1; done
-        mtests=""
-        for p in ${group//,/ }; do mtests="$mtests $("$PY" -c "import mutmut_config as c; print(c.TESTS['$p'])")"; done
-        "$PY" -m mutmut run --paths-to-mutate "$group" --tests-dir tests \
-            --disable-mutation-types "$("$PY" -c "import mutmut_config as c; print(','.join(c.DISABLED_TYPES))")" \
-            --runner "$PY scripts/mutmut_server.py run $MUTATE_SOCK -- -x -q -p no:cacheprovider $mtests" \
-            --simple-output --no-progress --CI > run.log 2>&1 || true
-        "$PY" scripts/mutmut_server.py stop "$MUTATE_SOCK" 2>/dev/null || true
-    ) &
-    pids="$pids $!"
-    echo "== job $j: $group"
-done
-wait $pids
+    cd "$dir"
+    export MUTATE_SOCK=$dir/.server.sock
+    "$PY" scripts/mutmut_server.py serve "$MUTATE_SOCK" &
+    for _ in $(seq 600); do [ -S "$MUTATE_SOCK" ] && break; sleep 0.1; done
+    "$PY" -m mutmut run --paths-to-mutate "$path" --tests-dir tests \
+        --disable-mutation-types "$("$PY" -c "import mutmut_config as c; print(','.join(c.DISABLED_TYPES))")" \
+        --runner "$PY scripts/mutmut_server.py run $MUTATE_SOCK -- $("$PY" -c "import mutmut_config as c; print(c.PYTEST, c.TESTS['$path'])")" \
+        --simple-output --no-progress --CI > run.log 2>&1 || true
+    "$PY" scripts/mutmut_server.py stop "$MUTATE_SOCK" 2>/dev/null || true
+    echo "== $path done after $(( $(date +%s) - start )) s"
+}
+export -f run_module
+export PY WORK start
+echo "== $JOBS at a time: $order"
+printf '%s\n' $order | xargs -P "$JOBS" -I{} bash -c 'run_module {}'
 
 mkdir -p "$ROOT/.mutate"
 cd "$ROOT"
 status=0
-"$PY" scripts/mutmut_report.py .mutate/survivors.txt "$WORK"/job* || status=$?
-problems=$(cat "$WORK"/job*/mutmut_problems.log 2>/dev/null | grep -c '^== pytest exit' || true)
+"$PY" scripts/mutmut_report.py .mutate/survivors.txt "$WORK"/job-* || status=$?
+problems=$(cat "$WORK"/job-*/mutmut_problems.log 2>/dev/null | grep -c '^== pytest exit' || true)
 if [ "$problems" != 0 ]; then
-    cat "$WORK"/job*/mutmut_problems.log > "$ROOT/.mutate/problems.log"
+    cat "$WORK"/job-*/mutmut_problems.log > "$ROOT/.mutate/problems.log"
     echo "== $problems mutants stopped pytest with a usage error or no test: .mutate/problems.log"
 fi
 echo "== $(( $(date +%s) - start )) s, $JOBS jobs; survivors also in .mutate/survivors.txt"
