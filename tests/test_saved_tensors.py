@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
 import torch
-from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from helpers import saved_tensors as st
 from helpers.checkpointing import selective_shape
@@ -161,3 +162,145 @@ def test_dropout_mask_bytes_leaves_the_global_rng_alone() -> None:
     state = torch.random.get_rng_state()
     st.dropout_mask_bytes("cpu")
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+# --- hand-counted tables (issue 16). S2 != H and S2 != head_dim, so a mix-up of s with h or
+# head_dim would show. Per token: sbh = 2*12*16 floats = 1536 bytes; per head pair: as^2b = 576
+# floats = 2304 bytes; CPU keeps dropout masks as 4-byte floats.
+S2 = 12
+SBH, AS2B = B * S2 * H * 4, A * S2 * S2 * B * 4
+FORMULA_ROWS = {"LayerNorm inputs": 2 * SBH, "QKV input": SBH, "Q, K": 2 * SBH, "V": SBH,
+                "MLP input": SBH, "GELU input": 4 * SBH, "fc_out input (GELU output)": 4 * SBH,
+                "not in the formula: LN mean/rstd": 2 * 2 * B * S2 * 4}  # mean and rstd of 2 LayerNorms
+DROPOUT_ROWS = {"softmax output": AS2B, "attention dropout mask": AS2B, "attention dropout output": AS2B,
+                "projection input": SBH, "projection dropout mask": SBH, "MLP dropout mask": SBH}
+
+
+def _table(**cfg: object) -> tuple[GPTBlock, list[st.SavedTensor]]:
+    seed_everything(0)
+    block = GPTBlock(GPTConfig(seq_len=S2, d_model=H, n_heads=A, **cfg))
+    return block, st.saved_tensor_table(block, torch.randn(B, S2, H))
+
+
+def test_table_by_term_is_the_hand_count() -> None:
+    block, rows = _table(dropout=0.1)
+    # and the attention's 1/sqrt(head_dim) scale, kept by its Mul as one float64
+    assert st.bytes_by_term(rows) == {**FORMULA_ROWS, **DROPOUT_ROWS, "not in the formula: other": 8}
+    assert {r.dtype for r in rows} == {"float32", "float64"}
+    names = {name or "(block)" for name, _ in block.named_modules()}
+    assert {r.module for r in rows} <= names
+    assert [r.module for r in rows if r.op == "Gelu"] == ["(block)"]  # F.gelu runs in the block itself
+    assert {r.field for r in rows if r.module.endswith("qkv")} == {"mat1"}  # AddmmBackward0's input
+
+
+def test_fused_attention_falling_back_to_math_is_labelled_by_term() -> None:
+    # CPU's fused attention has no dropout kernel: it runs the math path inside `attn` (SafeSoftmax,
+    # a Mul by the mask), with no attn_drop module to name the mask.
+    _, rows = _table(dropout=0.1, fused_attention=True)
+    assert st.bytes_by_term(rows) == {**FORMULA_ROWS, **DROPOUT_ROWS}
+    assert {r.op for r in rows if r.term == "softmax output"} == {"SafeSoftmax"}
+
+
+def test_fused_kernel_rows_are_labelled_by_field() -> None:
+    _, rows = _table(dropout=0.0, fused_attention=True)
+    fused = {r.field: r.term for r in rows if "Attention" in r.op}
+    assert fused == {"query": "Q, K", "key": "Q, K", "value": "V",
+                     "output": "not in the formula: fused-kernel output/logsumexp",
+                     "logsumexp": "not in the formula: fused-kernel output/logsumexp"}
+    # the kernel keeps its output (= the projection input, b*s*h floats) and a logsumexp per row
+    # (b*a*s floats) instead of the softmax output; zero-byte rows share memory with earlier ones
+    expected = {**FORMULA_ROWS, "not in the formula: fused-kernel output/logsumexp": SBH + B * A * S2 * 4}
+    assert {t: n for t, n in st.bytes_by_term(rows).items() if n} == expected
+
+
+def test_table_of_a_custom_block_names_op_and_fields() -> None:
+    class Power(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x**x  # PowBackward1 keeps self, exponent (the same tensor) and result
+
+    rows = st.saved_tensor_table(Power(), torch.rand(1, 2, 3, requires_grad=True))
+    assert {r.op for r in rows} == {"Pow"}
+    assert sorted(r.field for r in rows) == ["exponent", "result", "self"]
+    assert sum(r.nbytes for r in rows) == 2 * 6 * 4  # the input's copy and the result, 6 floats each
+    assert {r.module for r in rows} == {"(block)"}
+
+
+def test_saved_table_leaves_no_hooks_behind() -> None:
+    block = _block(dropout=0.1)
+    st.saved_tensor_table(block, torch.randn(B, S, H))
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in block.modules())
+
+
+def test_saved_tensor_rows_are_frozen() -> None:
+    row = st.saved_tensor_table(_block(), torch.randn(B, S, H))[0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.nbytes = 0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("name", ["s", "b", "h", "a"])
+def test_korthikanti_names_the_bad_size(name: str) -> None:
+    kwargs = {"s": S, "b": B, "h": H, "a": A, name: 0}
+    with pytest.raises(ValueError, match=f"^{name} must be a positive int"):
+        st.korthikanti_terms(**kwargs)
+
+
+def test_save_matmul_outputs_keeps_the_four_linear_outputs() -> None:
+    # A full checkpoint keeps only its input (h floats per token); the policy adds the outputs of
+    # qkv (3h), proj (h), fc (4h) and fc_out (h): 10h floats per token in all.
+    block = _block(dropout=0.0)
+    x = torch.randn(B, S, H)
+    context = functools.partial(create_selective_checkpoint_contexts, st.save_matmul_outputs)
+    kept = saved_activation_bytes(lambda: checkpoint(block, x + 0, use_reentrant=False, context_fn=context))
+    assert kept == 10 * B * S * H * 4
+    checkpoint(block, x + 0, use_reentrant=False, context_fn=context).square().sum().backward()
+    got = [p.grad.clone() for p in block.parameters()]
+    block.zero_grad(set_to_none=True)
+    block(x + 0).square().sum().backward()
+    for g, p in zip(got, block.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad)
+
+
+def test_attention_core_policy_with_one_sequence() -> None:
+    # batch 1 is allowed; with CPU's 4-byte masks the saving is exactly the 3 quadratic terms
+    b, s, h, a = 1, 8, 8, 2
+    seed_everything(0)
+    block = GPTBlock(GPTConfig(seq_len=s, d_model=h, n_heads=a, dropout=0.1))
+    x = torch.randn(b, s, h)
+    context = functools.partial(create_selective_checkpoint_contexts, st.attention_core_policy(b, a))
+    plain = saved_activation_bytes(lambda: block(x + 0))
+    core = saved_activation_bytes(lambda: checkpoint(block, x + 0, use_reentrant=False, context_fn=context))
+    assert plain - core == 3 * a * s * s * b * 4
+
+
+def test_attention_core_policy_decides_by_layout() -> None:
+    b, a, s, d = 1, 2, 5, 3
+    policy = st.attention_core_policy(b, a)
+    aten, P = torch.ops.aten, CheckpointPolicy
+    assert policy(None, aten._softmax.default, torch.empty(b, a, s, s), -1, False) is P.MUST_RECOMPUTE
+    qk = torch.empty(b * a, s, d), torch.empty(b * a, d, s)
+    assert policy(None, aten.bmm.default, *qk) is P.MUST_RECOMPUTE
+    # (b, s, heads, head_dim) before the transpose into heads is 4-D but not per head: saved
+    assert policy(None, aten.transpose.int, torch.empty(b, s, a, d), 1, 2) is P.MUST_SAVE
+    linear = torch.empty(6), torch.empty(s, 6), torch.empty(6, 6)
+    assert policy(None, aten.addmm.default, *linear) is P.MUST_SAVE
+    assert policy(None, aten.native_dropout.default, torch.empty(b, s, 6), 0.1, True) is P.PREFER_RECOMPUTE
+    assert policy(None, aten.add_.Tensor, torch.empty(b, s, 6), torch.empty(b, s, 6)) is P.PREFER_RECOMPUTE
+
+
+@pytest.mark.cuda
+def test_cuda_dropout_mask_bytes_leaves_the_cuda_rng_alone() -> None:
+    state = torch.cuda.get_rng_state()
+    st.dropout_mask_bytes("cuda")
+    assert torch.equal(torch.cuda.get_rng_state(), state)
+
+
+@pytest.mark.cuda
+def test_cuda_math_attention_mask_is_labelled() -> None:
+    # fused attention forced onto the math path: CUDA's dropout there is native_dropout (bool mask)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    seed_everything(0)
+    block = GPTBlock(GPTConfig(seq_len=S, d_model=H, n_heads=A, dropout=0.1, fused_attention=True)).cuda()
+    with sdpa_kernel(SDPBackend.MATH):
+        rows = st.saved_tensor_table(block, torch.randn(B, S, H, device="cuda"))
+    assert st.bytes_by_term(rows)["attention dropout mask"] == A * S * S * B  # 1 byte per element
