@@ -181,7 +181,7 @@ class UpdateMeasurer:
     def update_for(self, micro_batch: int, steps: int | None = None) -> Callable[[], None]:
         """A zero-argument update (with this measurer's checkpointing) for `micro_batch` x `steps`."""
         positive_int("micro_batch", micro_batch)
-        batches = self.batches(micro_batch, positive_int("steps", steps or self.steps))
+        batches = self.batches(micro_batch, positive_int("steps", self.steps if steps is None else steps))
         wrapper = checkpoint_every_block if self.checkpointed else None
 
         def update() -> None:
