@@ -327,3 +327,45 @@ def test_tracker_does_not_outlive_its_region() -> None:
     gc.collect()
     assert ref() is None, "finalizers on the model's storages must not keep the tracker alive"
 
+
+# -- run_or_oom: a sweep over sizes goes on past a CUDA out-of-memory -------------------------
+def _sweep(sizes: list[int], step) -> dict[int, object]:  # noqa: ANN001
+    """What a lesson's sweep does: one result per size, None shown as "OOM"."""
+    return {n: run_or_oom(lambda n=n: step(n)) for n in sizes}
+
+
+def test_sweep_survives_an_out_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    freed = {"gc": 0, "empty_cache": 0}
+    monkeypatch.setattr("helpers.memory.gc.collect", lambda *a: freed.__setitem__("gc", freed["gc"] + 1) or 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache",
+                        lambda: freed.__setitem__("empty_cache", freed["empty_cache"] + 1))
+
+    def step(n: int) -> int:
+        if n == 8:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
+        return int(torch.ones(n).sum())
+
+    results = _sweep([1, 2, 8, 16], step)
+    assert results == {1: 1, 2: 2, 8: None, 16: 16}
+    assert freed == {"gc": 1, "empty_cache": 1}
+    rows = [f"{n}: {'OOM' if r is None else r}" for n, r in results.items()]
+    assert rows == ["1: 1", "2: 2", "8: OOM", "16: 16"]
+
+
+def test_run_or_oom_without_cuda_skips_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: pytest.fail("no CUDA: nothing to empty"))
+
+    def oom() -> None:
+        raise torch.cuda.OutOfMemoryError("out of memory")
+
+    assert run_or_oom(oom) is None
+    assert run_or_oom(lambda: "fits") == "fits"
+
+
+def test_run_or_oom_lets_other_errors_through() -> None:
+    with pytest.raises(RuntimeError, match="not memory"):
+        run_or_oom(lambda: (_ for _ in ()).throw(RuntimeError("not memory")))
+    with pytest.raises(ValueError, match="zero-argument callable"):
+        run_or_oom(42)  # type: ignore[arg-type]
