@@ -10,7 +10,7 @@
   The tests run through the fork server (scripts/mutmut_server.py), so torch is imported once.
 
 `python mutmut_config.py count helpers/a.py ...` prints each file's number of mutants that are not
-skipped; scripts/mutate.sh uses it to share the files out between parallel jobs.
+skipped; scripts/mutate.sh orders the modules by `cost` (the estimated seconds) instead.
 """
 
 from __future__ import annotations
