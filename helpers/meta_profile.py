@@ -51,8 +51,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
 from helpers.checks import ArgTypeError, callable_arg, choice, positive_int
-from helpers.memory import MemoryTracker, floor_of
+from helpers.memory import MemoryTracker
 from helpers.models import BlockWrapper
+from helpers.phases import PhasePeaks
 from helpers.planner import MemoryProfile, fit_profile
 from helpers.training import OPTIMIZERS, lm_loss, make_optimizer
 
@@ -459,7 +460,7 @@ class _AutocastRule(TorchFunctionMode):
 
 
 @dataclass(frozen=True)
-class StepProfile:
+class StepProfile(PhasePeaks):
     """One accumulation update's memory, by phase; reads like lesson 06's `PhaseMemory`.
 
     `forward_end_*` is what is alive when the last micro-step's loss exists (before its
@@ -485,16 +486,6 @@ class StepProfile:
     target: str
     precision: str
     kernels: tuple[str, ...] = ()
-
-    @property
-    def floor_bytes(self) -> int:
-        """Parameters + gradients + optimizer state at the peak."""
-        return floor_of(self.breakdown)
-
-    @property
-    def binding_phase(self) -> str:
-        """'forward' when forward/backward set the peak, else 'optimizer'."""
-        return "forward" if self.forward_peak_bytes >= self.optimizer_peak_bytes else "optimizer"
 
     @property
     def phases(self) -> dict[str, dict[str, int]]:

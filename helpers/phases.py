@@ -55,8 +55,25 @@ def accumulate_update(
 # -- Measuring both phases of an update ------------------------------------------------------------
 
 
+class PhasePeaks:
+    """What every record of both phase peaks derives the same way (`PhaseMemory` here,
+    `helpers.meta_profile.StepProfile`): the floor at the peak and the phase that binds.
+    The record supplies `breakdown`, `forward_peak_bytes` and `optimizer_peak_bytes`.
+    """
+
+    @property
+    def floor_bytes(self) -> int:
+        """Parameters + gradients + optimizer state at the peak."""
+        return floor_of(self.breakdown)
+
+    @property
+    def binding_phase(self) -> str:
+        """'forward' when the forward/backward phase sets the peak, else 'optimizer'."""
+        return "forward" if self.forward_peak_bytes >= self.optimizer_peak_bytes else "optimizer"
+
+
 @dataclass(frozen=True)
-class PhaseMemory:
+class PhaseMemory(PhasePeaks):
     """One update's memory, with the peak of each phase.
 
     It reads like a `helpers.memory.StepMemory` (`peak_bytes`, `breakdown`, `device`,
@@ -72,16 +89,6 @@ class PhaseMemory:
     forward_breakdown: dict[str, int]
     optimizer_peak_bytes: int
     optimizer_breakdown: dict[str, int]
-
-    @property
-    def floor_bytes(self) -> int:
-        """Parameters + gradients + optimizer state at the peak."""
-        return floor_of(self.breakdown)
-
-    @property
-    def binding_phase(self) -> str:
-        """'forward' when the forward/backward phase sets the peak, else 'optimizer'."""
-        return "forward" if self.forward_peak_bytes >= self.optimizer_peak_bytes else "optimizer"
 
 
 def measure_phases(
