@@ -1,4 +1,5 @@
-"""Shared test fixtures: a fixed seed for every test, a deadline for distributed tests, the cuda skip."""
+"""Shared test fixtures: a fixed seed for every test, a deadline for distributed tests, the cuda skip,
+the CUDA allocator's block size."""
 
 from __future__ import annotations
 
@@ -35,6 +36,18 @@ def _deadline(request: pytest.FixtureRequest) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture
+def cuda_block_bytes() -> int:
+    """What the CUDA caching allocator really gives a 4-byte tensor: one whole block, measured."""
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    one = torch.ones(1, device="cuda")
+    block = torch.cuda.memory_allocated() - start
+    del one
+    assert block >= 512  # the allocator rounds a 4-byte tensor up to a whole block
+    return block
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -280,24 +280,20 @@ def test_cuda_tracker_agrees_with_the_caching_allocator() -> None:
 
 
 @pytest.mark.cuda
-def test_cuda_peak_adds_the_allocators_rounding_and_leaves_out_foreign_tensors() -> None:
+def test_cuda_peak_adds_the_allocators_rounding_and_leaves_out_foreign_tensors(cuda_block_bytes: int) -> None:
     """measure_step on CUDA, against the allocator's own count of one small block.
 
     The step makes 256 one-float tensors (4 bytes each to the tracker); the caching allocator
-    gives each a whole block (512 bytes), measured here by allocating one. So the peak is the
-    parameters (64 KiB) + a buffer (16 KiB) + 256 blocks, with the blocks' excess over 4 bytes
-    in "other" beside the buffer. A 4 MiB tensor held outside the step is not counted.
+    gives each a whole block (512 bytes), measured by allocating one (conftest's
+    cuda_block_bytes). So the peak is the parameters (64 KiB) + a buffer (16 KiB) + 256 blocks,
+    with the blocks' excess over 4 bytes in "other" beside the buffer. A 4 MiB tensor held
+    outside the step is not counted.
     """
     device = torch.device("cuda")
     model = nn.Linear(128, 128, bias=False, device=device)  # 65536 bytes
     model.register_buffer("stats", torch.zeros(4096, device=device))  # 16384 bytes: "other"
     held = torch.empty(2**20, device=device)  # 4 MiB the notebook holds elsewhere
-    torch.cuda.synchronize()
-    start = torch.cuda.memory_allocated()
-    one = torch.ones(1, device=device)
-    block = torch.cuda.memory_allocated() - start
-    del one
-    assert block >= 512  # the allocator rounds a 4-byte tensor up to a whole block
+    block = cuda_block_bytes
 
     def step() -> None:
         xs = [torch.ones(1, device=device) for _ in range(256)]
