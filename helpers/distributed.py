@@ -10,7 +10,11 @@ the lesson's scripts). Nothing is simulated.
 - `ddp_accumulated_grad` -> `DDPGrad`: one update of K micro-steps on W real DDP
   workers, with or without `no_sync`; `rank_shards` says who uses which example.
 - `check_batch_sizes` -> `BatchSizes`: B x K x W, the fourth from three.
-- `local_bytes`: what a rank stores of (possibly sharded) tensors (FSDP).
+- `local_bytes`: what a rank stores of (possibly sharded) tensors (FSDP): its persistent state.
+- `fsdp_step_memory` -> `FSDPStepMemory`: a rank's peak over one FSDP2 step, and its parts
+  (sharded state, gathered parameters, unsharded gradients, activations); `fully_shard_units`,
+  `fsdp_rank_memory` (every rank, on the worker pool) and `counted_model`, whose units you can
+  count by hand; `draw_fsdp_memory` puts the peak beside the 1/W line.
 - Widget: `lesson_sizes`, `data_parallel_report`, `draw_report`, `show_data_parallel`.
 - Per-lesson protocol: `predicted_peak_bytes(scale)`, `widget_latency_cases(scale, device)`;
   exercise checkers `check_exercise_1` ... `check_exercise_3`.
@@ -36,16 +40,26 @@ __all__ = [
     "BatchSizes",
     "DDPGrad",
     "DataParallelReport",
+    "FSDPRankMemory",
+    "FSDPStepMemory",
+    "FSDP_PARTS",
+    "FSDP_TRACKER",
+    "LinearStack",
     "bn_model",
     "check_batch_sizes",
     "check_exercise_1",
     "check_exercise_2",
     "check_exercise_3",
     "count_allreduces",
+    "counted_model",
     "data_parallel_report",
     "ddp_accumulated_grad",
-    "fsdp_runs_here",
+    "draw_fsdp_memory",
     "draw_report",
+    "fsdp_rank_memory",
+    "fsdp_runs_here",
+    "fsdp_step_memory",
+    "fully_shard_units",
     "lesson_data",
     "lesson_model",
     "lesson_sizes",
@@ -76,6 +90,34 @@ def lesson_model(width: int = 64, depth: int = DEPTH) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return ResidualMLP(D_IN, positive_int("width", width), positive_int("depth", depth), D_OUT)
+
+
+class LinearStack(nn.Module):
+    """16 -> width, then `depth` bias-free width x width Linear units, then width -> 4 (no bias).
+
+    A model whose FSDP units you can count by hand: each unit in `blocks` is exactly
+    width x width fp32 weights (256 KiB at width 256), and the root keeps `inp` and `out`.
+    """
+
+    def __init__(self, width: int = 256, depth: int = 3) -> None:
+        super().__init__()
+        w = positive_int("width", width)
+        self.inp = nn.Linear(D_IN, w, bias=False)
+        self.blocks = nn.ModuleList(nn.Linear(w, w, bias=False) for _ in range(positive_int("depth", depth)))
+        self.out = nn.Linear(w, D_OUT, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x)
+
+
+def counted_model(width: int = 256, depth: int = 3) -> nn.Module:
+    """A `LinearStack` with seed-0 weights, the same on every rank (the global RNG is left alone)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return LinearStack(width, depth)
 
 
 def bn_model(width: int = 32) -> nn.Module:
@@ -325,6 +367,194 @@ def local_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return total
 
 
+# -- FSDP2: a rank's peak, not only its 1/W -------------------------------------------------
+# NOTE [Measuring an FSDP2 step on CPU]
+# helpers.memory cannot measure an FSDP2 step: its tracker counts a sharded DTensor parameter at
+# its full (unsharded) size, and never sees the gathered parameters, because FSDP2 allocates and
+# frees them by resizing storages (`UntypedStorage.resize_`), which no dispatch mode sees. The CPU
+# allocator's record (torch.profiler memory events) misses the frees that gloo's own threads make,
+# so under gloo it varies from run to run. torch's FSDPMemTracker is made for this step: it patches
+# `resize_`, knows DTensor, and names FSDP's buffers. It is the measurement on CPU; on CUDA the
+# caching allocator gives the peak and FSDPMemTracker the parts.
+FSDP_TRACKER = "fsdp-mem-tracker"  # torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker
+FSDP_PARTS = {  # FSDPMemTracker's categories, grouped the way lesson 07 explains a rank's peak
+    "sharded_state": ("Sharded Param", "Sharded Grad", "OptState"),  # the 1/W part
+    "gathered_parameters": ("Unsharded Param", "All Gather"),  # all-gathered units, the root's
+    "unsharded_gradients": ("Unsharded Grad", "Reduce Scatter", "Temp"),  # before / in reduce-scatter
+    "activations": ("Activation", "Inputs", "Buffer"),
+}
+
+
+@dataclass(frozen=True)
+class FSDPStepMemory:
+    """One rank's memory over one FSDP2 step (`fsdp_step_memory`).
+
+    - `peak_bytes`: the largest live memory of the model's tensors on this rank;
+    - `breakdown`: what was live at that peak, by `FSDP_PARTS` plus `other` (CUDA: what the
+      allocator held beyond the tracked tensors), summing to `peak_bytes`. `unsharded_gradients`
+      includes backward's temporaries, where the reduce-scatter's buffers are filled;
+    - `gathered_after_forward`: unsharded parameter bytes right after each non-root unit's forward
+      resharded it, in forward order: what stays gathered between units (the root's parameters);
+    - `method`: `"fsdp-mem-tracker"` or `"cuda-allocator"`.
+    """
+
+    peak_bytes: int
+    breakdown: dict[str, int]
+    gathered_after_forward: list[int]
+    method: str
+
+
+def _fsdp_module_type() -> type:
+    try:
+        from torch.distributed.fsdp import FSDPModule  # torch >= 2.6
+    except ImportError:  # torch 2.5
+        from torch.distributed._composable.fsdp import FSDPModule
+    return FSDPModule
+
+
+def fsdp_step_memory(step: Callable[[], object], *, model: nn.Module,
+                     optimizer: torch.optim.Optimizer | None = None) -> FSDPStepMemory:
+    """Run `step()` once on this rank and measure the peak of an FSDP2 (`fully_shard`) model.
+
+    The counterpart of `helpers.memory.measure_step` for a sharded model (see the NOTE above
+    for why that one cannot measure it). Call it inside a worker, with `model` the root that
+    `fully_shard` was applied to and the `optimizer` the step uses. Run one step before (FSDP's
+    lazy initialisation, the optimizer's state), so the measured one is a steady-state step.
+
+    Args:
+        step: zero-argument callable: forward, backward, maybe `optimizer.step()`.
+        model: the root FSDP module.
+        optimizer: the optimizer whose state should count as sharded state.
+
+    Returns:
+        FSDPStepMemory: the peak, its parts, and what stays gathered between units.
+    """
+    callable_arg("step", step, "a zero-argument callable")
+    if not isinstance(model, _fsdp_module_type()):
+        raise ValueError(f"model must be a module that fully_shard was applied to, "
+                         f"got {type(model).__name__}")
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPModState, _FSDPRefType
+
+    device = next(model.parameters()).device
+    tracker = FSDPMemTracker(model, optimizer)
+    after_forward: list[int] = []
+
+    def next_micro_step(*_: object) -> None:  # the tracker follows one forward of the root at a time
+        after_forward.extend(
+            snap[device].get(_FSDPRefType.UNSHARDED_PARAM, 0)
+            for mod, stats in tracker.memory_tracking.items() if mod is not model
+            for snap in stats.snapshots.get(_FSDPModState.AFT_POST_FW, []))
+        tracker.reset_mod_stats()  # module snapshots only; the peak is kept
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    with tracker:  # entering re-registers FSDP's hooks, so ours goes in front of them afterwards
+        handle = model.register_forward_pre_hook(next_micro_step, prepend=True)
+        try:
+            tracked_before = tracker.get_tracker_snapshot()[device]["Total"]
+            step()
+            next_micro_step()
+        finally:
+            handle.remove()
+    peak = {getattr(k, "value", k): v for k, v in tracker.get_tracker_snapshot("peak")[device].items()}
+    breakdown = {part: sum(peak.get(name, 0) for name in names) for part, names in FSDP_PARTS.items()}
+    breakdown["other"] = peak["Total"] - sum(breakdown.values())  # a category torch adds later
+    method = FSDP_TRACKER
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        rise = torch.cuda.max_memory_allocated(device) - before
+        breakdown["other"] += max(0, rise - (peak["Total"] - tracked_before))
+        method = "cuda-allocator"
+    return FSDPStepMemory(sum(breakdown.values()), breakdown, after_forward, method)
+
+
+
+def fully_shard_units(model: nn.Module, **kwargs: object) -> nn.Module:
+    """Apply FSDP2's `fully_shard` to each module of `model.blocks` (the units), then to `model` (the root).
+
+    The root keeps what no unit took (here the input and output layers). `kwargs` (a `mesh`,
+    `reshard_after_forward`, ...) go to every call. Works on torch 2.5 (its early import path) too.
+    """
+    try:
+        from torch.distributed.fsdp import fully_shard  # torch >= 2.6
+    except ImportError:  # torch 2.5
+        from torch.distributed._composable.fsdp import fully_shard
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    return fully_shard(model, **kwargs)
+
+
+@dataclass(frozen=True)
+class FSDPRankMemory:
+    """One rank's FSDP2 memory: `persistent_bytes` (its shards of parameters, gradients and Adam
+    state after the update) and `step` (`fsdp_step_memory` of that update)."""
+
+    persistent_bytes: int
+    step: FSDPStepMemory
+
+
+def _fsdp_memory_worker(model_fn: Callable[[], nn.Module], w: int, micro_batch: int, k: int) -> dict | None:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    rank = dist.get_rank()
+    if rank >= w:
+        return None  # this pool is larger than the requested W
+    dev = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    model = fully_shard_units(model_fn().to(dev), mesh=DeviceMesh.from_group(group_for(w), dev.type))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = (t[rank::w].to(dev) for t in lesson_data(micro_batch * k * w, seed=0))
+
+    def update() -> None:
+        for s in range(k):
+            loss = mse_loss(model(x[s * micro_batch:(s + 1) * micro_batch]),
+                            y[s * micro_batch:(s + 1) * micro_batch]) / k
+            loss.backward()
+        opt.step()
+
+    update()  # FSDP's lazy initialisation and Adam's state; the next update is the steady state
+    opt.zero_grad(set_to_none=True)
+    step = fsdp_step_memory(update, model=model, optimizer=opt)
+    state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    persistent = local_bytes([*model.parameters(), *(p.grad for p in model.parameters()), *state])
+    return {"persistent": persistent, "step": step}
+
+
+def fsdp_rank_memory(model_fn: Callable[[], nn.Module], *, world_size: int, micro_batch: int = 4,
+                     accumulation_steps: int = 1, timeout_s: float = 120.0,
+                     pool: WorkerPool | None = None) -> list[FSDPRankMemory]:
+    """Each rank's persistent state and peak over one Adam update of an FSDP2 model on W real workers.
+
+    Each of the first `world_size` workers of `pool` builds `model_fn()` (picklable; the
+    model has `blocks`), shards it with `fully_shard_units` over those W ranks, runs one update
+    (K micro-steps of `micro_batch` examples of `lesson_data`, gradients reduce-scattered every
+    micro-step, then Adam), and measures a second one with `fsdp_step_memory`.
+
+    Args:
+        model_fn: builds the unsharded model, the same on every rank.
+        world_size: W, at most the pool's size.
+        micro_batch: examples per micro-step on each rank.
+        accumulation_steps: micro-steps per update (K).
+        timeout_s: deadline for the run.
+        pool: the workers (default: the shared pool, started on first use).
+
+    Returns:
+        list[FSDPRankMemory]: one per rank, in rank order.
+    """
+    callable_arg("model_fn", model_fn)
+    positive_int("micro_batch", micro_batch)
+    positive_int("accumulation_steps", accumulation_steps)
+    positive_int("world_size", world_size)
+    if pool is None:
+        pool = shared_pool(max(world_size, max_workers()))
+    if world_size > pool.world_size:
+        raise ValueError(f"world_size={world_size} is larger than the pool ({pool.world_size} workers)")
+    out = pool.run(_fsdp_memory_worker, model_fn, world_size, micro_batch, accumulation_steps,
+                   timeout_s=timeout_s)
+    return [FSDPRankMemory(r["persistent"], r["step"]) for r in out[:world_size]]
+
+
 # -- widget ----------------------------------------------------------------------------------
 def lesson_sizes(scale: str) -> dict[str, int]:
     """The lesson's default B, K, W and model width at `scale` (W: 2, or the GPUs under NCCL)."""
@@ -413,6 +643,49 @@ def show_data_parallel(micro_batch: int = 4, accumulation_steps: int = 4, world_
     plots.show(draw_report(report))
 
 
+PEAK_COLORS = {"sharded_state": "#A6B4CF", "gathered_parameters": "#C44E52",
+               "unsharded_gradients": "#CCB974", "activations": "#DD8452", "other": "#999999"}
+
+
+def draw_fsdp_memory(state: dict[str, int], persistent: dict[str, int], peak: FSDPStepMemory,
+                     held: dict[str, list[int]], world_size: int) -> object:
+    """Left: per rank, DDP's state, FSDP's persistent state and FSDP's peak, with the 1/W line.
+
+    Right: gradient bytes kept after each micro-step, with sync every micro-step and with sync off
+    (`held`: {"sync_every_step": [...], "sync_off": [...]}). `state` and `persistent` are bytes by
+    category (parameters, gradients, optimizer_state); `peak` is rank 0's `fsdp_step_memory`.
+    """
+    from helpers import plots
+
+    w = positive_int("world_size", world_size)
+    fig, (left, right) = plots.figure(2, width=10.5, height=3.6)
+    unit, size = plots.byte_unit(max(sum(state.values()), peak.peak_bytes))
+    bars = [(0, state, plots.COLORS, ""), (1, persistent, plots.COLORS, ""),
+            (2, peak.breakdown, PEAK_COLORS, "peak: ")]
+    for x, parts, colors, prefix in bars:
+        bottom = 0.0
+        for name, value in parts.items():
+            if value:
+                label = f"{prefix}{name.replace('_', ' ')}" if x != 1 else None
+                left.bar(x, value / size, bottom=bottom, color=colors.get(name), label=label, width=0.6)
+                bottom += value / size
+    left.axhline(sum(state.values()) / w / size, color="black", ls="--", lw=1.2, label=f"1/{w} of the state")
+    left.set_xticks([0, 1, 2], ["DDP:\nstate", "FSDP:\npersistent", "FSDP:\npeak"])
+    left.set_ylabel(unit)
+    left.set_title(f"Per rank (rank 0 of {w})")
+    left.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    labels = {"sync_every_step": "sync every micro-step", "sync_off": "sync off until the last"}
+    for mode, values in held.items():
+        right.plot(range(1, len(values) + 1), [b / 1024 for b in values], marker="o",
+                   label=labels.get(mode, mode))
+    right.set_xticks(range(1, max(map(len, held.values()), default=0) + 1))
+    right.set_xlabel("after micro-step")
+    right.set_ylabel("gradient KiB held (rank 0)")
+    right.set_title("Kept between micro-steps")
+    right.legend(fontsize=8)
+    return fig
+
+
 # -- the lesson protocol -----------------------------------------------------------------------
 def _mlp_params(width: int) -> int:
     per_block = 2 * width + (width * 4 * width + 4 * width) + (4 * width * width + width)
@@ -477,10 +750,12 @@ def check_exercise_2(answer: object) -> str:
 
 
 def check_exercise_3(answer: object) -> str:
-    """Exercise 3: 1 GB of fp32 weights, Adam, FSDP over W=4: GB of weights+grads+Adam state per rank?"""
+    """Exercise 3: 1 GB of fp32 weights, Adam, FSDP over W=4: GB of persistent state per rank?"""
     if isinstance(answer, int | float) and not isinstance(answer, bool) and abs(answer - 1.0) <= 0.05:
         return ("Correct: weights 1 + gradients 1 + Adam's two moments 2 = 4 GB, and FSDP keeps a quarter "
-                "of each on each of 4 ranks: 1 GB. Accumulating with sync off adds the unsharded gradients "
-                "(1 GB more) between micro-steps.")
+                "of each on each of 4 ranks: 1 GB between steps. That is not the peak: during a step a rank "
+                "also holds the root's weights, the gathered unit (and the next one) and a unit's full "
+                "gradients before the reduce-scatter. Accumulating with sync off adds the unsharded "
+                "gradients (1 GB more) between micro-steps.")
     return ("Not yet: count weights, gradients and Adam's two moments (each the size of the weights), "
             "then divide by the number of ranks, as the FSDP section measured.")

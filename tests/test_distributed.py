@@ -347,3 +347,102 @@ def test_fsdp_runs_here_by_backend_and_torch(monkeypatch: pytest.MonkeyPatch) ->
     assert distributed.fsdp_runs_here("gloo") == (True, "")
     with pytest.raises(ValueError, match="backend"):
         distributed.fsdp_runs_here("mpi")
+
+
+# -- FSDP2: the persistent state is 1/W, the peak is not ------------------------------------------
+# counted_model(256, 3), counted by hand: the root keeps inp (16 x 256) and out (256 x 4), each of the
+# 3 units is one 256 x 256 weight; fp32, no biases; Adam keeps two moments and one 4-byte step per tensor.
+UNIT = 256 * 256 * 4  # 262,144 bytes: one unit's weights, and as much again for its full gradients
+ROOT = (16 * 256 + 256 * 4) * 4  # 20,480 bytes
+PARAMS = ROOT + 3 * UNIT  # 806,912 bytes
+STEPS = 5 * 4  # Adam's step counters: one 4-byte scalar per parameter tensor
+
+
+def test_counted_model_is_counted_by_hand() -> None:
+    model = D.counted_model()
+    assert [p.numel() * 4 for p in model.blocks.parameters()] == [UNIT] * 3
+    assert sum(p.numel() * 4 for p in [*model.inp.parameters(), *model.out.parameters()]) == ROOT
+    assert sum(p.numel() * 4 for p in model.parameters()) == PARAMS
+    assert model(torch.zeros(2, 16)).shape == (2, 4)
+    torch.manual_seed(5)
+    expected = torch.rand(2)
+    torch.manual_seed(5)
+    again = D.counted_model()
+    assert torch.equal(torch.rand(2), expected)  # the global RNG is left alone
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True))
+    with pytest.raises(ValueError, match="^depth must"):
+        D.counted_model(depth=0)
+
+
+def test_fsdp_parts_cover_every_category_of_torchs_tracker_once() -> None:
+    """Nothing FSDPMemTracker measures falls outside the lesson's parts, and nothing counts twice."""
+    from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+
+    named = [name for names in D.FSDP_PARTS.values() for name in names]
+    assert len(named) == len(set(named))
+    assert {t.value for t in _FSDPRefType} <= set(named)  # a category torch adds later shows as "other"
+
+
+def test_fsdp_step_memory_and_rank_memory_check_their_arguments() -> None:
+    with pytest.raises(ValueError, match="^step must be a zero-argument callable"):
+        D.fsdp_step_memory(3, model=torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="^model must be a module that fully_shard was applied to, got Lin"):
+        D.fsdp_step_memory(lambda: None, model=torch.nn.Linear(2, 2))
+    fake = _FakePool(2, [])
+    with pytest.raises(ValueError, match=r"^world_size=4 is larger than the pool \(2 workers\)"):
+        D.fsdp_rank_memory(D.counted_model, world_size=4, pool=fake)
+    with pytest.raises(ValueError, match="^micro_batch must"):
+        D.fsdp_rank_memory(D.counted_model, world_size=2, micro_batch=0, pool=fake)
+    assert fake.calls == []
+
+
+def test_draw_fsdp_memory_shows_state_persistent_and_peak() -> None:
+    import matplotlib.pyplot as plt
+
+    state = {"parameters": 4, "gradients": 4, "optimizer_state": 8}
+    persistent = {k: v // 2 for k, v in state.items()}
+    peak = D.FSDPStepMemory(20, {"sharded_state": 8, "gathered_parameters": 6, "unsharded_gradients": 4,
+                                 "activations": 2, "other": 0}, [1, 1], D.FSDP_TRACKER)
+    fig = D.draw_fsdp_memory(state, persistent, peak, {"sync_every_step": [2, 2], "sync_off": [4, 2]}, 2)
+    left = fig.axes[0]
+    ticks = [t.get_text() for t in left.get_xticklabels()]
+    assert ticks == ["DDP:\nstate", "FSDP:\npersistent", "FSDP:\npeak"]
+    assert left.get_lines()[0].get_ydata()[0] == 8  # the 1/W line: 16 B / 2, in bytes (B)
+    peak_stack = [p.get_height() for p in left.patches if abs(p.get_x() + 0.3 - 2) < 1e-9]  # bars at x = 2
+    assert sum(peak_stack) == 20
+    plt.close(fig)
+
+
+@pytest.fixture(scope="module")
+def pool4() -> Iterator[WorkerPool]:
+    with WorkerPool(4, timeout_s=180) as p:
+        yield p
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("w", [2, 4])
+def test_fsdp_peak_is_not_1_over_w_hand_counted(pool4: WorkerPool, w: int) -> None:
+    """A real FSDP2 update (gloo, W ranks) against bytes counted by hand for counted_model.
+
+    The persistent state is exactly 1/W; the peak holds at least the root's weights, one whole
+    gathered unit and one unit's full gradients on top of the pieces, so a plan that used 1/W for
+    the peak is caught; and it stays under 1/W + 2 x root + 5 units + the (small) activations.
+    """
+    ok, why = D.fsdp_runs_here("gloo")
+    if not ok:
+        pytest.skip(why)
+    ranks = D.fsdp_rank_memory(D.counted_model, world_size=w, micro_batch=4, pool=pool4)
+    assert len(ranks) == w
+    one_over_w = 4 * PARAMS // w + STEPS  # parameters, gradients and Adam's two moments, each 1/W
+    for r in ranks:
+        mem = r.step
+        assert r.persistent_bytes == one_over_w
+        assert mem.method == D.FSDP_TRACKER and sum(mem.breakdown.values()) == mem.peak_bytes
+        # pieces of the weights and Adam's moments + the root + one gathered unit + that unit's full gradients
+        assert mem.peak_bytes >= 3 * PARAMS // w + ROOT + UNIT + UNIT
+        assert mem.peak_bytes > one_over_w + UNIT  # the 1/W plan is at least a unit short
+        assert ROOT + UNIT <= mem.breakdown["gathered_parameters"] <= ROOT + 2 * UNIT
+        assert mem.breakdown["unsharded_gradients"] >= UNIT
+        assert mem.breakdown["sharded_state"] <= one_over_w
+        assert mem.gathered_after_forward == [ROOT] * 3  # after each unit's forward only the root stays
+        assert mem.peak_bytes <= one_over_w + 2 * ROOT + 5 * UNIT + 64 * 1024
