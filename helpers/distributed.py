@@ -470,7 +470,6 @@ def fsdp_step_memory(step: Callable[[], object], *, model: nn.Module,
     return FSDPStepMemory(sum(breakdown.values()), breakdown, after_forward, method)
 
 
-
 def fully_shard_units(model: nn.Module, **kwargs: object) -> nn.Module:
     """Apply FSDP2's `fully_shard` to each module of `model.blocks` (the units), then to `model` (the root).
 

@@ -446,3 +446,17 @@ def test_fsdp_peak_is_not_1_over_w_hand_counted(pool4: WorkerPool, w: int) -> No
         assert mem.breakdown["sharded_state"] <= one_over_w
         assert mem.gathered_after_forward == [ROOT] * 3  # after each unit's forward only the root stays
         assert mem.peak_bytes <= one_over_w + 2 * ROOT + 5 * UNIT + 64 * 1024
+
+
+@pytest.mark.cuda
+@pytest.mark.distributed
+def test_fsdp_peak_on_cuda_comes_from_the_caching_allocator() -> None:
+    """One GPU, one rank (NCCL): the peak is the allocator's, at least the hand-counted bytes."""
+    with WorkerPool(1, timeout_s=180) as one_gpu:
+        (rank0,) = D.fsdp_rank_memory(D.counted_model, world_size=1, micro_batch=4, pool=one_gpu)
+    mem = rank0.step
+    assert mem.method == "cuda-allocator"
+    assert rank0.persistent_bytes == 4 * PARAMS + STEPS  # W = 1: the whole state
+    assert sum(mem.breakdown.values()) == mem.peak_bytes and mem.breakdown["other"] >= 0
+    # the weights and Adam's moments + the root's gathered copy + a unit's gathered copy + its gradients
+    assert mem.peak_bytes >= 3 * PARAMS + ROOT + UNIT + UNIT
