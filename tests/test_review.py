@@ -84,7 +84,68 @@ def test_followups_use_the_ledgers_numbers() -> None:
     assert len(answers) == 3
     c13 = ledger.row("C13").value
     assert f"{c13:.1e}" in answers["Is accumulation exactly a bigger batch?"]
-    assert f"{ledger.row('C11').value:.2f}x" in review.interview_answer(ledger)
+    c11 = ledger.row("C11").value
+    assert f"{c11:.2f} of one forward of the checkpointed blocks" in answers["Can the two be combined?"]
+    assert f"{c11:.2f} of one here" in review.interview_answer(ledger)
+
+
+def test_which_one_first_quotes_the_planners_rule() -> None:
+    """Lesson 08's answer and lesson 06's planner state one rule (issue 21), from one home."""
+    from helpers import planner
+
+    rows = [review.Row(c, True, float(i + 1), "u", "", 0.0) for i, c in enumerate(review.CLAIMS)]
+    ledger = review.Ledger(rows, [], "cpu", torch.__version__, "small", "cpu-tracker")
+    answer = review.followup_answers(ledger)["Which one first?"]
+    for i, step in enumerate(planner.DECISION_RULE, 1):
+        assert f"{i}. {step}" in answer
+    assert answer.endswith(planner.RULE_COROLLARY)
+    assert "If activations dominate, checkpoint" not in answer
+    for claim in ("C05", "C06", "C11", "C24", "C26"):
+        assert f"{claim})" in answer
+
+
+def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
+    """C11 checks the claim itself (extra FLOPs within one forward of the blocks), not a step ratio.
+
+    A model whose step is dominated by its output layer (a large vocabulary, one block) spends a
+    small share of the step on the recompute: the old proxy (1.05 <= ckpt / plain <= 1.40) failed it,
+    though the claim holds.
+    """
+    from helpers import checkpointing
+    from helpers.claims import CLAIMS
+    from helpers.models import GPTConfig, seeded_gpt
+    from helpers.training import lm_loss
+
+    (c11,) = [c for c in CLAIMS if c.id == "C11"]
+    lab = review.Lab(torch.device("cpu"), scale="tiny")
+    wide = seeded_gpt(GPTConfig(vocab_size=4096, seq_len=16, d_model=16, n_heads=2, n_layers=1, dropout=0.0),
+                      "cpu")
+    lab.cache["lesson_model"] = wide
+    ev = c11.run(lab)
+    idx, tgt = lab.lesson_tokens(4)
+    plain = checkpointing.count_flops(lambda: lm_loss(wide(idx), tgt).backward())
+    wide.block_wrapper = checkpointing.make_block_wrapper("full")
+    ckpt = checkpointing.count_flops(lambda: lm_loss(wide(idx), tgt).backward())
+    wide.block_wrapper = None
+    s, h = 16, 16
+    region = 4 * s * h * (24 * h + 4 * s)  # one block's forward, counted by hand: 24bsh^2 + 4bs^2h
+    assert ev.passed and ev.value == pytest.approx((ckpt - plain) / region)
+    assert 0 < ev.value <= 1
+    assert ckpt / plain < 1.05  # the old proxy would have failed a true claim here
+    assert ev.unit == "forwards of the checkpointed blocks" and "lesson 01's model" in ev.detail
+
+
+def test_headline_claims_run_on_lesson_01s_model() -> None:
+    from helpers.claims import LESSON_MODEL_CLAIMS
+    from helpers.models import explainer_config
+
+    lab = review.Lab(torch.device("cpu"), scale="tiny")
+    assert lab.lesson_model().cfg == explainer_config("tiny") and lab.lesson_model() is lab.lesson_model()
+    assert review.Lab(torch.device("cpu")).scale == "small"  # the CPU's lesson scale
+    assert set(LESSON_MODEL_CLAIMS) == {"C08", "C09", "C11", "C25"}
+    ledger = review.run_ledger(list(LESSON_MODEL_CLAIMS), progress=False)
+    assert ledger.passed, review.format_table(ledger)
+    assert all("lesson 01's model" in r.detail for r in ledger.rows)
 
 
 def test_quiz_answers() -> None:
