@@ -6,10 +6,11 @@ and section that teach it, and carries a check: a function of a shared `Lab` tha
 lessons' own helpers, so a lesson and its ledger row cannot drift apart. `helpers.review`
 runs them.
 
-The `Lab` holds two GPTs. Most checks run on a small, fast one (`LAB_CONFIG`). The
-headline numbers of checkpointing and of the explainer's table (`LESSON_MODEL_CLAIMS`:
-C08, C09, C11, C25) run on lesson 01's own model at this device's scale
-(`helpers.models.explainer_model`), so the ledger shows the numbers lessons 01 and 02 show.
+Most checks run on a small, fast GPT (`LAB_CONFIG`). The headline numbers
+(`LESSON_MODEL_CLAIMS`) run on the model of the lesson that shows them, at this device's
+scale: what checkpointing saves and costs (C09, C11) on lesson 02's GPT
+(`helpers.checkpointing.gpt_setup`), the explainer's table (C08, C25) on lesson 01's
+(`helpers.models.explainer_model`). So the ledger and the lessons show one set of numbers.
 """
 
 from __future__ import annotations
@@ -23,29 +24,32 @@ import torch
 from helpers import accumulation as acc
 from helpers import checkpointing, pitfalls, tokens, updates
 from helpers.accumulation_lab import micro_step_memory
+from helpers.checks import choice
 from helpers.data import regression_batch, token_batch
 from helpers.device import lesson_scale
 from helpers.memory import new_live_bytes, record_timeline, saved_activation_bytes
-from helpers.models import GPT, GPTConfig, ResidualMLP, explainer_model, param_bytes
+from helpers.models import GPT, GPTConfig, ResidualMLP, explainer_model, param_bytes, seeded_gpt
 from helpers.training import lm_loss
 
-__all__ = ["CLAIMS", "LAB_CONFIG", "LESSON_MODEL_CLAIMS", "Claim", "Evidence", "Lab"]
+__all__ = ["CLAIMS", "LAB_CONFIG", "LESSON_MODELS", "LESSON_MODEL_CLAIMS", "Claim", "Evidence", "Lab"]
 
 
 # -- the lab every check shares --------------------------------------------------------
 # Micro-batches for the sweep: from 4 up the forward pass sets the peak (below, the optimizer step can).
 SWEEP = (4, 6, 8)
 LAB_CONFIG = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2, dropout=0.0)
-# The claims whose numbers the lessons headline: measured on lesson 01's model, not the fast lab.
-LESSON_MODEL_CLAIMS = ("C08", "C09", "C11", "C25")
+# The claims whose numbers the lessons headline, and the lesson whose model (and micro-batch) they use.
+LESSON_MODEL_CLAIMS = {"C08": "01", "C09": "02", "C11": "02", "C25": "01"}
+LESSON_MODELS = ("01", "02")
 
 
 @dataclass
 class Lab:
     """The models and data the quick checks share (built once per ledger run).
 
-    `model` is the fast lab GPT (`LAB_CONFIG`); `lesson_model()` is lesson 01's model at
-    `scale` (this device's lesson scale unless given), built on first use.
+    `model` is the fast lab GPT (`LAB_CONFIG`); `lesson_model("01")` and `lesson_model("02")`
+    are those lessons' GPTs at `scale` (this device's lesson scale unless given), built on
+    first use.
     """
 
     device: torch.device
@@ -59,13 +63,24 @@ class Lab:
             torch.manual_seed(0)
             self.model = GPT(LAB_CONFIG).to(self.device).train()
 
-    def lesson_model(self) -> GPT:
-        """Lesson 01's GPT (`explainer_model(self.scale)`): the model the headline claims run on."""
-        return self.once("lesson_model", lambda: explainer_model(self.scale, self.device))
+    def lesson_model(self, lesson: str) -> GPT:
+        """The GPT lesson `lesson` ("01" or "02") measures at `self.scale`, seeded as the lesson seeds it.
 
-    def lesson_tokens(self, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """`n` random sequences for `lesson_model()`."""
-        cfg = self.lesson_model().cfg
+        "01": `explainer_model(scale)`; "02": `GPT(checkpointing.gpt_setup(scale)[0])`, the
+        model of lesson 02's sections 2-9 (8 blocks, dropout 0.1).
+        """
+        choice("lesson", lesson, LESSON_MODELS)
+
+        def build() -> GPT:
+            if lesson == "01":
+                return explainer_model(self.scale, self.device)
+            return seeded_gpt(checkpointing.gpt_setup(self.scale)[0], self.device)
+
+        return self.once(f"lesson_model {lesson}", build)
+
+    def lesson_tokens(self, lesson: str, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """`n` random sequences for `lesson_model(lesson)`."""
+        cfg = self.lesson_model(lesson).cfg
         return token_batch(n, cfg.seq_len, cfg.vocab_size, seed=seed, device=self.device)
 
     def once(self, key: str, make: Callable[[], object]) -> object:
@@ -203,7 +218,7 @@ def _rows(lab: Lab) -> list[updates.ConfigMemory]:
     on every micro-step holds the same memory (C07 checks it), so the peak is that of all K.
     """
     wrapper = checkpointing.make_block_wrapper("full")
-    model = lab.lesson_model()
+    model = lab.lesson_model("01")
     return lab.once("rows", lambda: [
         updates.measure_config(model, micro_batch=8, steps=4, max_micro_steps=2),
         updates.measure_config(model, micro_batch=4, steps=8, max_micro_steps=2),
@@ -230,8 +245,8 @@ def _c_combined(lab: Lab) -> Evidence:
 
 
 def _ckpt_saved(lab: Lab) -> tuple[int, int]:
-    idx, tgt = lab.lesson_tokens(4)
-    model = lab.lesson_model()
+    idx, tgt = lab.lesson_tokens("02", checkpointing.gpt_setup(lab.scale)[1])  # lesson 02's micro-batch
+    model = lab.lesson_model("02")
     plain = saved_activation_bytes(lambda: lm_loss(model(idx), tgt))
     model.block_wrapper = checkpointing.make_block_wrapper("full")
     try:
@@ -244,8 +259,8 @@ def _ckpt_saved(lab: Lab) -> tuple[int, int]:
 def _c_ckpt_saves(lab: Lab) -> Evidence:
     plain, ckpt = _ckpt_saved(lab)
     return Evidence(ckpt <= 0.5 * plain, plain / ckpt, "x fewer saved bytes",
-                    f"lesson 01's model, 4 sequences: {_gib(plain)} saved for backward plain, {_gib(ckpt)} "
-                    "with every block checkpointed")
+                    f"lesson 02's model: {_gib(plain)} saved for backward plain, {_gib(ckpt)} with every "
+                    "block checkpointed")
 
 
 def _grad_with(lab: Lab, wrapper: object) -> torch.Tensor:
@@ -264,13 +279,13 @@ def _c_ckpt_same_grads(lab: Lab) -> Evidence:
 
 
 def _c_ckpt_flops(lab: Lab) -> Evidence:
-    idx, tgt = lab.lesson_tokens(4)
-    model = lab.lesson_model()
+    idx, tgt = lab.lesson_tokens("02", checkpointing.gpt_setup(lab.scale)[1])  # lesson 02's micro-batch
+    model = lab.lesson_model("02")
 
     def step() -> None:
         lm_loss(model(idx), tgt).backward()
 
-    region = checkpointing.blocks_forward_flops(model, 4)  # one forward of the checkpointed region
+    region = checkpointing.blocks_forward_flops(model, len(idx))  # one forward of the checkpointed region
     plain = checkpointing.count_flops(step)
     model.block_wrapper = checkpointing.make_block_wrapper("full")
     try:
@@ -280,7 +295,7 @@ def _c_ckpt_flops(lab: Lab) -> Evidence:
         acc.clear_grads(model)
     forwards = extra / region
     return Evidence(0 < extra <= region, forwards, "forwards of the checkpointed blocks",
-                    f"lesson 01's model: {extra:,} extra FLOPs per forward+backward; one forward of its "
+                    f"lesson 02's model: {extra:,} extra FLOPs per forward+backward; one forward of its "
                     f"{len(model.blocks)} blocks is {region:,} (+{extra / plain:.0%} of the step; "
                     "counted by FlopCounterMode)")
 

@@ -462,7 +462,7 @@ CAVEATS = {
     PURE_BF16: "no fp32 master copy, 2 + 2 + 4 = 8 B/param, but bf16 weights lose small updates unless "
                "the optimizer uses stochastic rounding or Kahan summation",
     FSDP: "1/W of the floor is the persistent state per worker; the per-rank peak also holds the "
-          "all-gathered unit being computed (lesson 07 measures it)",
+          "all-gathered unit being computed; lesson 07 measures it",
 }
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from helpers import accumulation as acc
+from helpers import checkpointing
 from helpers.checks import choice, positive_int
 from helpers.claims import CLAIMS, LAB_CONFIG, Claim, Evidence, Lab
 from helpers.device import lesson_scale, memory_method, pick_device
@@ -404,15 +405,17 @@ def explore_accumulation(micro_batch: int, steps: int, lab: Lab | None = None) -
 
 
 def predicted_peak_bytes(scale: str) -> int:
-    """The ledger's largest check at `scale`: the 8 x 4 Adam row on lesson 01's model (C08, C25).
+    """The ledger's largest check at `scale`, from the formulas of the lessons whose models it uses.
 
-    The fast lab (`LAB_CONFIG`) is the same at every scale and stays tiny; lesson 01's model
-    grows with the scale, and its 8 x 4 update peaks as `helpers.updates` predicts.
+    The fast lab (`LAB_CONFIG`) is the same at every scale and stays tiny. The headline claims
+    grow with the scale: the 8 x 4 Adam row on lesson 01's model (C08, C25), as `helpers.updates`
+    predicts it, and a step of lesson 02's model (C09, C11), within lesson 02's own prediction.
     """
     choice("scale", scale, ("tiny", "small", "medium", "full"))
     n_params = sum(p.numel() for p in GPT(LAB_CONFIG).parameters())
     per_example = 4 * LAB_CONFIG.seq_len * LAB_CONFIG.d_model * LAB_CONFIG.n_layers * 40  # generous
-    return max(16 * n_params + 8 * per_example, predicted_update_peak_bytes(explainer_config(scale), 8))
+    return max(16 * n_params + 8 * per_example, predicted_update_peak_bytes(explainer_config(scale), 8),
+               checkpointing.predicted_peak_bytes(scale))
 
 
 def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:

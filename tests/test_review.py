@@ -120,9 +120,9 @@ def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
     lab = review.Lab(torch.device("cpu"), scale="tiny")
     wide = seeded_gpt(GPTConfig(vocab_size=4096, seq_len=16, d_model=16, n_heads=2, n_layers=1, dropout=0.0),
                       "cpu")
-    lab.cache["lesson_model"] = wide
+    lab.cache["lesson_model 02"] = wide  # stands in for lesson 02's model
     ev = c11.run(lab)
-    idx, tgt = lab.lesson_tokens(4)
+    idx, tgt = lab.lesson_tokens("02", 4)  # lesson 02's micro-batch at "tiny"
     plain = checkpointing.count_flops(lambda: lm_loss(wide(idx), tgt).backward())
     wide.block_wrapper = checkpointing.make_block_wrapper("full")
     ckpt = checkpointing.count_flops(lambda: lm_loss(wide(idx), tgt).backward())
@@ -132,20 +132,27 @@ def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
     assert ev.passed and ev.value == pytest.approx((ckpt - plain) / region)
     assert 0 < ev.value <= 1
     assert ckpt / plain < 1.05  # the old proxy would have failed a true claim here
-    assert ev.unit == "forwards of the checkpointed blocks" and "lesson 01's model" in ev.detail
+    assert ev.unit == "forwards of the checkpointed blocks" and "lesson 02's model" in ev.detail
 
 
-def test_headline_claims_run_on_lesson_01s_model() -> None:
+def test_headline_claims_run_on_the_lessons_own_models() -> None:
+    """The ledger reports the lessons' numbers: C09/C11 on lesson 02's GPT, C08/C25 on 01's (issue 21)."""
+    from helpers.checkpointing import gpt_setup
     from helpers.claims import LESSON_MODEL_CLAIMS
     from helpers.models import explainer_config
 
     lab = review.Lab(torch.device("cpu"), scale="tiny")
-    assert lab.lesson_model().cfg == explainer_config("tiny") and lab.lesson_model() is lab.lesson_model()
+    assert lab.lesson_model("01").cfg == explainer_config("tiny")
+    assert lab.lesson_model("01") is lab.lesson_model("01")  # built once per ledger run
+    assert lab.lesson_model("02").cfg == gpt_setup("tiny")[0]
+    with pytest.raises(ValueError, match="lesson"):
+        lab.lesson_model("06")
     assert review.Lab(torch.device("cpu")).scale == "small"  # the CPU's lesson scale
-    assert set(LESSON_MODEL_CLAIMS) == {"C08", "C09", "C11", "C25"}
+    assert LESSON_MODEL_CLAIMS == {"C08": "01", "C09": "02", "C11": "02", "C25": "01"}
     ledger = review.run_ledger(list(LESSON_MODEL_CLAIMS), progress=False)
     assert ledger.passed, review.format_table(ledger)
-    assert all("lesson 01's model" in r.detail for r in ledger.rows)
+    for r in ledger.rows:
+        assert f"lesson {LESSON_MODEL_CLAIMS[r.claim.id]}'s model" in r.detail, r.detail
 
 
 def test_quiz_answers() -> None:
