@@ -4,7 +4,8 @@
   `attention_core_policy`, `save_matmul_outputs` (defined in `helpers.saved_tensors`):
   what autograd keeps for one block, beside Korthikanti et al.'s per-layer formula,
   and the selective policies.
-- `count_flops`: FLOPs of a callable, from `torch.utils.flop_counter`;
+- `count_flops`: FLOPs of a callable, from `torch.utils.flop_counter`; `blocks_forward_flops`:
+  one forward of a GPT's blocks, the most a full recompute costs;
   `interleaved_times`: warmed-up, interleaved timings with their spread (shown, never asserted).
 - `make_block_wrapper`: a `model.block_wrapper` for each policy in `POLICIES`.
 - `checkpoint_with`, `params_without_grad`: the reentrant trap (frozen inputs).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -78,8 +80,10 @@ from helpers.updates import measure_update
 __all__ = [
     "CHAIN_KINDS", "CHAIN_LENGTHS", "POLICIES", "QUADRATIC_TERMS", "REFERENCE_ROWS", "WIDGET_MAX_STEPS",
     "SavedTensor", "SegmentPoint", "Timing", "TradeOff",
-    "TradeOffLab", "attention_core_policy", "block_shape", "bytes_by_term", "chain_layer_costs",
-    "chain_shape", "check_exercise_1", "check_exercise_2", "check_exercise_3", "check_exercise_4",
+    "TradeOffLab", "attention_core_policy", "block_shape", "blocks_forward_flops", "bytes_by_term",
+    "chain_layer_costs",
+    "EXERCISE_CHAIN", "chain_shape", "check_exercise_1", "check_exercise_2", "check_exercise_3",
+    "check_exercise_4", "exercise_3_measurement",
     "checkpoint_with", "count_flops", "divisors", "dropout_mask_bytes", "freeze_batchnorm_stats",
     "gpt_setup", "interleaved_times", "korthikanti_terms", "make_block_wrapper", "make_chain",
     "params_without_grad", "predicted_peak_bytes", "save_matmul_outputs", "saved_tensor_table",
@@ -88,7 +92,8 @@ __all__ = [
 ]
 
 POLICIES = ("none", "full", "save-matmuls", "attention-core")
-CHAIN_KINDS = ("linear", "mlp")
+CHAIN_KINDS = ("linear", "mlp")  # the two chains section 4 sweeps
+EXERCISE_CHAIN = "linear-relu"  # exercise 3's chain: a ReLU after each Linear
 
 # ---------------------------------------------------------------------------
 # Cost: FLOPs
@@ -104,6 +109,20 @@ def count_flops(fn: Callable[[], object]) -> int:
     with FlopCounterMode(display=False) as counter:
         fn()
     return int(counter.get_total_flops())
+
+
+def blocks_forward_flops(model: GPT, micro_batch: int) -> int:
+    """FLOPs of one forward of `model`'s blocks (the region `make_block_wrapper` checkpoints).
+
+    Counted with `count_flops` on a random input of the blocks' shape, under `no_grad`:
+    the most a full recompute can cost per micro-step (early stop can make it less).
+    """
+    instance_arg("model", model, GPT, "helpers.models.GPT")
+    positive_int("micro_batch", micro_batch)
+    cfg = model.cfg
+    x = torch.zeros(micro_batch, cfg.seq_len, cfg.d_model, device=device_of(model))
+    with torch.no_grad():
+        return count_flops(lambda: [block(x) for block in model.blocks])
 
 
 # ---------------------------------------------------------------------------
@@ -232,12 +251,17 @@ def make_chain(n: int, width: int, kind: str = "linear") -> nn.Sequential:
     "linear": `nn.Linear` layers, each keeping one boundary-sized tensor (its
     input), so a ~= b. "mlp": `MLPBlock(width, expansion=2)`, each keeping about
     six boundary-sized tensors (LayerNorm input and output, fc1 output, GELU output).
+    "linear-relu" (exercise 3): each layer is `nn.Sequential(nn.Linear, nn.ReLU)`.
+    The ReLU keeps its output, and that output is the next Linear's input: one
+    storage, which autograd keeps once, so a ~= b here too.
     """
-    choice("kind", kind, CHAIN_KINDS)
+    choice("kind", kind, (*CHAIN_KINDS, EXERCISE_CHAIN))
     positive_int("n", n)
     positive_int("width", width)
     if kind == "linear":
         return nn.Sequential(*(nn.Linear(width, width) for _ in range(n)))
+    if kind == EXERCISE_CHAIN:
+        return nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(n)))
     return nn.Sequential(*(MLPBlock(width, expansion=2) for _ in range(n)))
 
 
@@ -661,16 +685,51 @@ def check_exercise_2(policy: object) -> str:
             f"{softmax} B. Return MUST_SAVE only for torch.ops.aten._softmax.default.")
 
 
+def exercise_3_measurement(n: int = 16, scale: str = "tiny") -> dict[str, tuple[float, int]]:
+    """Exercise 3 measured as section 4 measures: (a/b, best k by saved bytes) per chain kind.
+
+    Builds an `n`-layer "linear" and "linear-relu" chain at `chain_shape(scale)`, takes
+    a and b from `chain_layer_costs` and the best k from `segment_sweep` over the
+    divisors of `n`. Runs on the CPU in well under a second at "tiny".
+    """
+    width, batch = chain_shape(scale)
+    out = {}
+    with torch.random.fork_rng(devices=[]):  # leaves the notebook's random stream alone
+        torch.default_generator.manual_seed(0)
+        x = torch.randn(batch, width)
+        for kind in ("linear", EXERCISE_CHAIN):
+            chain = make_chain(n, width, kind)
+            a, b = chain_layer_costs(chain, x)
+            points = segment_sweep(chain, x, divisors(n))
+            best = min(points, key=lambda p: p.saved_bytes).segments
+            out[kind] = (a / b, best)
+    return out
+
+
 def check_exercise_3(a_over_b: object) -> str:
-    """Exercise 3: a/b of a Linear + ReLU layer (input of Linear and output of ReLU kept)."""
+    """Exercise 3: a/b of a Linear + ReLU layer, checked against the lesson's own measurement.
+
+    The truth is measured, as section 4 measures: `chain_layer_costs` on a
+    "linear-relu" chain (`exercise_3_measurement`). The ReLU keeps its output and the
+    next Linear keeps that same tensor as its input, one storage counted once, so a/b
+    is about 1, as for the plain Linear chain, and the best k does not move.
+    """
     value = answer_number(a_over_b)
     if value is None:
         return f"Hint: answer with the ratio a/b as a number, got {a_over_b!r}."
-    if abs(value - 2.0) <= 0.1:
-        return ("Correct: each layer now keeps the Linear's input and the ReLU's output (a = 2b), so the "
-                "best k moves up to sqrt(2n): about 5.7 for n = 16 (4 or 8 among the divisors).")
-    return ("Hint: count what backward needs: Linear keeps its input, ReLU its output. "
-            "Both are boundary-sized.")
+    measured = exercise_3_measurement()
+    ratio, best = measured[EXERCISE_CHAIN]
+    plain_ratio, plain_best = measured["linear"]
+    if abs(value - ratio) <= 0.1:
+        return (f"Correct: measured a/b = {ratio:.2f} (the Linear chain: {plain_ratio:.2f}). The ReLU keeps "
+                "its output, and that output is the next Linear's saved input: one storage, kept once. So "
+                f"the best k does not move: {best} segments for n = 16 with the ReLUs, {plain_best} without, "
+                f"sqrt(a·n/b) = {math.sqrt(ratio * 16):.1f}.")
+    if abs(value - 2 * ratio) <= 0.1:
+        return ("Hint: 2 counts one tensor twice. What the ReLU keeps (its output) is the tensor the next "
+                "Linear keeps (its input): autograd stores it once. Measure a with ckpt.chain_layer_costs.")
+    return ("Hint: count what backward needs: a Linear keeps its input, a ReLU its output. Which of them "
+            "are the same tensor? Measure a and b with ckpt.chain_layer_costs on the new chain.")
 
 
 def check_exercise_4(flops_factor: object, peak_factor: object) -> str:

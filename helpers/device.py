@@ -10,8 +10,11 @@ from the GPU's total memory in decimal GB: under 12 GB `small`, 12 to under
 40 GB `medium` (T4, L4, 24 GB cards), 40 GB and more `full`.
 `LESSONS_GPU_MEMORY_GB=N` makes a big GPU stand in for a small one: the scale
 is picked from N, and `setup_lesson` caps the process at N GB with
-`torch.cuda.set_per_process_memory_fraction`. `LESSONS_SCALE` overrides the
-pick on any device.
+`torch.cuda.set_per_process_memory_fraction`. The cap limits PyTorch's caching
+allocator only: a real N GB card also holds its CUDA context (a few hundred MB
+outside the allocator) and reports a little less than N GB, so under the cap a
+lesson runs out somewhat later than it would on that card. `LESSONS_SCALE`
+overrides the pick on any device.
 """
 
 from __future__ import annotations
@@ -138,7 +141,10 @@ def lesson_scale(device: torch.device | None = None) -> str:
 def apply_memory_cap(device: torch.device) -> float | None:
     """Cap this process's CUDA allocations at `LESSONS_GPU_MEMORY_GB` GB; return the cap or None.
 
-    Does nothing (returns None) on CPU or when the variable is unset.
+    The cap is on the caching allocator (`set_per_process_memory_fraction`), so it covers
+    tensors, cuBLAS/cuDNN workspaces and cached blocks, but not the CUDA context, which a
+    real card of that size would also have to hold. Does nothing (returns None) on CPU or
+    when the variable is unset.
     """
     cap = _checked_cap(device)
     if cap is None:
@@ -235,7 +241,8 @@ def setup_lesson(seed: int = 0, *, tf32: bool | None = None) -> Lesson:
     """Pick the device and scale, seed everything, apply the plot style, and print the environment.
 
     Prints the environment line, the memory cap when `LESSONS_GPU_MEMORY_GB` sets
-    one (applied here, on CUDA), and why the scale was picked.
+    one (applied here, on CUDA, to the caching allocator only; see `apply_memory_cap`),
+    and why the scale was picked.
 
     `tf32=False` keeps CUDA matmuls and convolutions in true float32, for lessons that
     compare gradients to 1e-6 (TF32 rounds differently for different batch shapes);

@@ -106,8 +106,9 @@ def check_lessons() -> list[Check]:
     checks = []
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        checks.append(Check("info", "CUDA", f"{props.name}, {props.total_memory / dev.GB:.1f} GB "
-                                            f"(torch built with CUDA {torch.version.cuda})"))
+        checks.append(Check("info", "CUDA", f"{props.name}, {props.total_memory / dev.GB:.1f} GB = "
+                                            f"{props.total_memory / 2**30:.1f} GiB (torch built with CUDA "
+                                            f"{torch.version.cuda})"))
     else:
         checks.append(Check("info", "CUDA", "no CUDA GPU visible: the lessons run on the CPU "
                                             "(fine; every measurement has a CPU method)"))
@@ -120,7 +121,9 @@ def check_lessons() -> list[Check]:
     checks.append(Check("info", "scale", f"{scale} ({why})"))
     cap = dev.gpu_memory_cap_gb() if device.type == "cuda" else None
     if cap is not None:
-        checks.append(Check("info", "memory cap", f"{cap:g} GB (LESSONS_GPU_MEMORY_GB)"))
+        checks.append(Check("info", "memory cap", f"{cap:g} GB (LESSONS_GPU_MEMORY_GB): caps the caching "
+                                                  "allocator only; a real card that size also holds the "
+                                                  "CUDA context"))
     checks.append(Check("info", "memory method", dev.memory_method(device)))
     return checks
 

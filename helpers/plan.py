@@ -7,7 +7,10 @@ turns that into a plan with lesson 06's planner (`helpers.planner.recommend`):
   project's own `GPT` class (untied head, GELU MLP, fused attention, no dropout);
   `preset_spec`, `load_factory` ("package.module:factory"), `hf_factory` (a local
   Hugging Face config.json, only if `transformers` is installed).
-- `parse_budget`: "24GB", "24 GiB", "24e9" -> bytes.
+- `parse_budget`: "24GB" (decimal GB: 24e9 bytes), "24 GiB" (binary: 24 x 2^30 bytes, the unit
+  torch reports a card's memory in), "24e9" -> bytes; `reported_card_bytes` and `margin_line`:
+  the card a budget stands for (a card sold as "24 GB" reports about 24 GiB), and the CUDA margin
+  as a share of what that card reports.
 - `plan_model` -> `PlanReport`: the profile of each phase, bytes per example, the
   planner's choice for a budget, the estimates people use beside ours, and what each
   remedy saves. `PlanReport.table()` prints it, `PlanReport.to_dict()` is the `--json`.
@@ -47,7 +50,7 @@ from helpers.meta_profile import (
     StepProfile,
 )
 from helpers.models import GPT, ConvNet, GPTConfig
-from helpers.planner import MemoryProfile, Plan, recommend, remedy_floors
+from helpers.planner import CAVEATS, MemoryProfile, Plan, recommend, remedy_floors
 from helpers.training import OPTIMIZERS
 
 __all__ = [
@@ -64,11 +67,13 @@ __all__ = [
     "hf_factory",
     "load_factory",
     "main",
+    "margin_line",
     "parse_budget",
     "plan_model",
     "predicted_peak_bytes",
     "preset_profile",
     "preset_spec",
+    "reported_card_bytes",
     "show_plan",
     "widget_latency_cases",
 ]
@@ -171,7 +176,13 @@ _UNITS = {
 
 
 def parse_budget(text: str | float) -> float:
-    """Bytes from "24GB" (decimal), "24 GiB" (binary), "24e9" or a number; ValueError otherwise."""
+    """Bytes from "24GB" (decimal), "24 GiB" (binary), "24e9" or a number; ValueError otherwise.
+
+    GB, MB, kB and TB are decimal (10^9, ...); GiB, MiB, KiB and TiB are binary (2^30, ...).
+    Cards are sold in GB but report binary units: a "24 GB" card reports about 24 GiB
+    (25.8e9 bytes) in `torch.cuda.get_device_properties(0).total_memory`. So "24GB" plans
+    within 24e9 bytes, 7% less than such a card has; write "24GiB" to plan for all of it.
+    """
     if isinstance(text, bool):
         raise ArgTypeError(f"budget must be a string like '24GB' or a number of bytes, got {text!r}")
     if isinstance(text, int | float):
@@ -190,6 +201,36 @@ def parse_budget(text: str | float) -> float:
     if value <= 0:
         raise ValueError(f"budget must be positive, got {text!r}")
     return value
+
+
+def reported_card_bytes(budget_bytes: float) -> float:
+    """What the card a budget stands for reports, in bytes.
+
+    A budget of a whole number N of decimal GB is read as a card sold as "N GB", which
+    reports about N GiB (a "24 GB" card: 24 x 2^30 = 25.8e9 bytes). Any other budget (in
+    GiB, or in bytes) is taken as what the card reports.
+    """
+    gb = positive_number("budget_bytes", budget_bytes) / GB
+    return round(gb) * 2**30 if round(gb) >= 1 and abs(gb - round(gb)) < 1e-9 else float(budget_bytes)
+
+
+def _both_units(n: float) -> str:
+    return f"{n / GB:.2f} GB ({n / 2**30:.2f} GiB)" if n >= 0.5 * GB else _fmt(n)
+
+
+def margin_line(budget_bytes: float, usable_bytes: float) -> str:
+    """The budget in both units, and the margin as a share of the budget and of the card it stands for."""
+    card = reported_card_bytes(budget_bytes)
+    kept = budget_bytes - usable_bytes
+    text = f"budget {_both_units(budget_bytes)}, planning within {_both_units(usable_bytes)}"
+    if kept <= 0:
+        return text + " (no margin)"
+    text += f": the margin keeps {kept / budget_bytes:.0%} of the budget free"
+    if card != budget_bytes:
+        n = round(budget_bytes / GB)
+        text += (f", {1 - usable_bytes / card:.0%} of a card sold as {n} GB, which reports about {n} GiB = "
+                 f"{card / GB:.1f} GB (--budget {n}GiB plans for all of it)")
+    return text
 
 
 # ---------------------------------------------------------------------------
@@ -304,10 +345,8 @@ class PlanReport:
                 f"per example, optimizer-step peak {_fmt(p.optimizer_peak_bytes)}"
             )
         lines.append("")
-        lines.append(
-            f"budget {_fmt(self.budget_bytes)} ({self.budget_bytes / GB:.1f} GB), planning within "
-            f"{_fmt(self.usable_bytes)}; effective batch {self.effective_batch}"
-        )
+        margin = margin_line(self.budget_bytes, self.usable_bytes)
+        lines.append(f"{margin}; effective batch {self.effective_batch}")
         if self.plan is not None:
             checked = (
                 ""
@@ -414,9 +453,15 @@ def plan_model(
     if profiler.target == "cuda":
         notes.append(
             f"CUDA target: attention assumed {', '.join(kernels) or 'absent'} (PyTorch's CUDA SDPA order: "
-            "flash for fp16/bf16 without a mask, else memory-efficient); foreach optimizer; "
-            f"{margin:.0%} of the budget kept for context, workspaces and fragmentation (--cuda-margin)"
+            "flash for fp16/bf16 without a mask, else memory-efficient); foreach optimizer (about one "
+            f"parameter-sized temporary during the step); {margin:.0%} of the budget kept free "
+            "(--cuda-margin) for what the profile does not count: cuBLAS/cuDNN workspaces and kernels "
+            "other than the assumed ones (inside torch.cuda.max_memory_allocated), fragmentation "
+            "(memory_reserved minus memory_allocated) and the CUDA context (outside the allocator; "
+            "nvidia-smi shows it)"
         )
+    if profiler.optimizer_name in ("adam", "adamw"):
+        notes.extend(f"{name}: {caveat}" for name, caveat in CAVEATS.items())
     return PlanReport(
         name,
         profiler.n_params,
@@ -526,11 +571,11 @@ def show_plan(
     print(f"effective batch B x K = {b} x {k} = {b * k}{', checkpointed' if checkpoint else ''}")
     fits = peak <= usable
     print(
-        f"predicted peak {peak / GB:.1f} GB ({profile.binding_phase(b, accumulation_steps=k)} phase binds); "
-        f"budget {budget / GB:.0f} GB, {usable / GB:.1f} GB usable after a "
-        f"{DEFAULT_CUDA_MARGIN:.0%} CUDA margin "
-        f"-> {'fits' if fits else 'does NOT fit'}"
+        f"predicted peak {peak / GB:.1f} GB ({profile.binding_phase(b, accumulation_steps=k)} phase binds) "
+        f"-> {'fits' if fits else 'does NOT fit'} in {usable / GB:.1f} GB "
+        f"(after a {DEFAULT_CUDA_MARGIN:.0%} CUDA margin)"
     )
+    print(margin_line(budget, usable))
     try:
         plan = recommend(usable, b * k, plain, ckpt)
         print(f"planner for {b * k} examples per update: {plan.describe()}\n  {plan.reason}")
@@ -582,7 +627,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--input-shape", help="one example's shape, e.g. 3,224,224 (other models)")
     p.add_argument("--num-classes", type=int, help="number of classes (with --input-shape)")
     p.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
-    p.add_argument("--budget", default="24GB", help="memory budget: 24GB, '24 GiB', 24e9 (default 24GB)")
+    p.add_argument("--budget", default="24GB", help="memory budget: 24GB (decimal, 24e9 bytes), '24 GiB' "
+                   "(binary: a card sold as 24 GB reports about 24 GiB), 24e9 bytes (default 24GB)")
     p.add_argument(
         "--effective-batch", type=int, default=32, help="examples per optimizer update (default 32)"
     )

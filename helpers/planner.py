@@ -4,18 +4,24 @@ The API that lesson 06 builds and checks, and that later lessons reuse (lesson 0
 lesson 09's meta-device profiles). The lesson's instruments (its model, the phase
 measurements, the widget, the exercises) are in `helpers.planner_lab`.
 
+- `DECISION_RULE`, `RULE_COROLLARY`, `decision_rule()`: which technique first, stated once.
+  `recommend`'s reasons, lesson 08's follow-up answer and lessons 06 and 09 quote these
+  strings (a test checks the notebooks), so the rule cannot drift between them.
 - `fit_profile(measure, sizes)` -> `MemoryProfile`: the floor, other, activation bytes per
   example and the optimizer-phase peak, fitted at a few micro-batch sizes from
   `StepMemory` (`helpers.memory.measure_step`) or `PhaseMemory`
   (`helpers.planner_lab.measure_phases`) results; `MemoryProfile.predict_peak(b)` predicts
   the peak for any micro-batch.
-- `recommend` -> `Plan`: the explainer's decision procedure as a rule (largest micro-batch
-  that fits without checkpointing, else with it, then accumulate), or a `ValueError` that
-  names the floor and the remedies (`REMEDIES`) when nothing fits.
+- `recommend` -> `Plan`: `DECISION_RULE` applied to a budget (steps 4 and 5: the largest
+  micro-batch at or above `min_micro_batch` that fits without checkpointing, else with it,
+  then accumulate), or a `ValueError` that names the floor, the rule's step that stopped it,
+  and the remedies (`REMEDIES`) when nothing fits.
 - `popular_estimates` -> `Estimate`s: the rules of thumb people use (weights only, 16 and 18
   bytes per parameter, Korthikanti's activation formula with and without recomputation,
   `korthikanti_activation_bytes`) beside a measurement.
-- `remedy_floors` -> `RemedyFloor`s: what each state remedy leaves of the measured floor.
+- `remedy_floors` -> `RemedyFloor`s: what each state remedy leaves of the measured floor, per
+  worker, with the caveat a remedy carries (mixed precision saves nothing on the floor; pure
+  bf16 loses small updates; FSDP's 1/W is the persistent state, not the per-rank peak).
 """
 
 from __future__ import annotations
@@ -30,13 +36,20 @@ from helpers.saved_tensors import korthikanti_terms
 from helpers.updates import linear_fit
 
 __all__ = [
+    "CAVEATS",
+    "DECISION_RULE",
+    "FSDP",
     "GB",
+    "MIXED_PRECISION",
+    "PURE_BF16",
     "REMEDIES",
+    "RULE_COROLLARY",
     "Estimate",
     "MemoryProfile",
     "Plan",
     "RemedyFloor",
     "fit_profile",
+    "decision_rule",
     "korthikanti_activation_bytes",
     "popular_estimates",
     "recommend",
@@ -47,9 +60,45 @@ GB = 1e9  # the explainer speaks in decimal gigabytes
 REMEDIES = (
     "shard the model state across workers (FSDP / ZeRO-3, lesson 07)",
     "shard the optimizer state (ZeRO-1)",
-    "keep the state in lower precision (bf16 weights, 8-bit optimizer state)",
+    "keep the state in lower precision (8-bit or bf16 Adam moments; pure bf16 weights need "
+    "stochastic rounding or Kahan summation)",
     "offload the optimizer state (or the parameters) to CPU memory",
 )
+
+# -- The rule: which technique first ---------------------------------------------------------------
+# NOTE [one rule]: "if activations dominate, checkpoint" and "the largest micro-batch without
+# checkpointing first" look opposed. They agree once the throughput of small micro-batches is part
+# of the rule: shrinking the micro-batch is free in FLOPs until it starts to idle the device. This is
+# the rule's only home: `recommend`'s reasons quote its steps, `helpers.review` quotes it in lesson
+# 08, and lessons 06 and 09 restate it word for word (tests/test_planner.py checks the notebooks).
+DECISION_RULE: tuple[str, ...] = (
+    "Profile one update: the floor (weights + gradients + optimizer state), the activations per "
+    "example, and the optimizer step's peak.",
+    "If the floor or the optimizer step does not fit, neither technique helps: shard, offload or "
+    "shrink the model state.",
+    "Otherwise find the smallest micro-batch that still keeps the device busy (`min_micro_batch`; "
+    "lesson 03 §7 measures throughput against micro-batch size).",
+    "Take the largest micro-batch at or above that minimum that fits without checkpointing, and "
+    "accumulate K = B_eff / B micro-steps: accumulation adds no FLOPs, it only costs the throughput "
+    "of smaller micro-batches.",
+    "Only if none fits, checkpoint (about one extra forward per micro-step) and take the largest "
+    "micro-batch at or above the minimum that fits with it.",
+)
+RULE_COROLLARY = (
+    "So \"checkpoint when activations dominate\" is the case where shrinking the micro-batch until "
+    "it fits would take it below the minimum that keeps the device busy."
+)
+
+
+def decision_rule() -> str:
+    """`DECISION_RULE` as a numbered list, then `RULE_COROLLARY` (plain text that is also Markdown)."""
+    steps = "\n".join(f"{i}. {step}" for i, step in enumerate(DECISION_RULE, 1))
+    return f"{steps}\n\n{RULE_COROLLARY}"
+
+
+def _step(n: int) -> str:
+    return f"Rule step {n}: {DECISION_RULE[n - 1]}"
+
 
 # -- The profile -----------------------------------------------------------------------------------
 
@@ -242,18 +291,20 @@ def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
               checkpointed: MemoryProfile | None = None, *, min_micro_batch: int = 1) -> Plan:
     """Choose micro-batch, accumulation steps and checkpointing for a memory budget.
 
-    The rule follows the explainer's order:
+    Applies `DECISION_RULE` to the profiles (step 1, the profiling, is `fit_profile`'s job):
 
-    1. take the largest micro-batch `b` that is at least `min_micro_batch`, divides
-       `effective_batch`, and fits `budget_bytes` without checkpointing
-       (`plain.predict_peak(b) <= budget_bytes`);
-    2. only if none fits, the same with checkpointing (`checkpointed`, when given);
-    3. `accumulation_steps = effective_batch // micro_batch`.
+    - step 4: take the largest micro-batch `b` that is at least `min_micro_batch`, divides
+      `effective_batch`, and fits `budget_bytes` without checkpointing
+      (`plain.predict_peak(b) <= budget_bytes`), with `effective_batch // b` accumulation steps;
+    - step 5: only if none fits, the same with checkpointing (`checkpointed`, when given);
+    - step 2: if nothing fits, raise.
 
-    `min_micro_batch` is the smallest micro-batch that still keeps the device busy
-    enough for you. Raises `ValueError` for a budget or effective batch that is not
-    positive, for a `min_micro_batch` above the effective batch, and when nothing fits:
-    that message names the floor in bytes and the remedies for model state.
+    `min_micro_batch` is step 3's minimum: the smallest micro-batch that still keeps the device
+    busy enough for you. Each `Plan.reason` quotes the step that chose it. Raises `ValueError`
+    for a budget or effective batch that is not positive, for a `min_micro_batch` above the
+    effective batch, and when nothing fits: that message names the floor in bytes, says whether
+    the floor, the optimizer step or the minimum micro-batch is what does not fit, and lists the
+    remedies for model state.
     """
     budget = positive_number("budget_bytes", budget_bytes)
     effective_batch = positive_int("effective_batch", effective_batch)
@@ -270,9 +321,10 @@ def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
         b, peak = found
         k = effective_batch // b
         why = ("the whole effective batch fits in one pass, so there is nothing to accumulate"
-               if k == 1 else f"it is the largest micro-batch dividing {effective_batch} that fits without "
-               f"checkpointing, so accumulate {k} micro-steps and spend no recompute")
-        reason = f"Micro-batch {b}: {why} (predicted peak {_mb(peak)} of {_mb(budget)})."
+               if k == 1 else f"it is the largest micro-batch from {min_micro_batch} up, dividing "
+               f"{effective_batch}, that fits without checkpointing, so accumulate {k} micro-steps and "
+               "spend no recompute")
+        reason = f"Micro-batch {b}: {why} (predicted peak {_mb(peak)} of {_mb(budget)}). {_step(4)}"
         return Plan(b, k, False, peak, reason, budget)
     smallest = plain.predict_peak(sizes[-1], accumulation_steps=effective_batch // sizes[-1])
     if checkpointed is not None:
@@ -283,19 +335,38 @@ def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
             reason = (f"Micro-batch {b} with checkpointing: without it even micro-batch {sizes[-1]} would "
                       f"peak at {_mb(smallest)}, over the {_mb(budget)} budget; checkpointing brings "
                       f"micro-batch {b} to {_mb(peak)}, and {k} accumulation steps make the batch of "
-                      f"{effective_batch}.")
+                      f"{effective_batch}. {_step(5)}")
             return Plan(b, k, True, peak, reason, budget)
-    floor = plain.floor_bytes
-    where = ("the budget is below the floor itself" if budget < floor else
-             f"the floor fits, but even micro-batch {sizes[-1]} does not (predicted {round(smallest)} bytes"
-             + ("" if checkpointed is None else " without checkpointing, "
-                f"{checkpointed.predict_peak(sizes[-1], accumulation_steps=effective_batch // sizes[-1])} "
-                "bytes with it") + ")")
-    raise ValueError(
+    raise ValueError(_refusal(budget, effective_batch, sizes[-1], min_micro_batch, smallest, plain,
+                              checkpointed))
+
+
+def _refusal(budget: float, effective_batch: int, b: int, min_micro_batch: int, smallest: float,
+             plain: MemoryProfile, checkpointed: MemoryProfile | None) -> str:
+    """Why nothing fits at micro-batch `b` (the smallest candidate), and what to do instead."""
+    floor, k = plain.floor_bytes, effective_batch // b
+    profiles = [plain] if checkpointed is None else [plain, checkpointed]
+    optimizer_step = min(p.optimizer_peak(b) for p in profiles)
+    if budget < floor:
+        where, step = "the budget is below the floor itself", _step(2)
+    else:
+        with_ckpt = ("" if checkpointed is None else " without checkpointing, "
+                     f"{checkpointed.predict_peak(b, accumulation_steps=k)} bytes with it")
+        where = (f"the floor fits, but even micro-batch {b} does not (predicted {round(smallest)} bytes"
+                 f"{with_ckpt})")
+        if optimizer_step > budget:
+            where += f", and the optimizer step alone peaks at {optimizer_step} bytes"
+            step = _step(2)
+        elif min_micro_batch > 1:
+            step = (f"{_step(3)} A minimum below {min_micro_batch} may fit, at the cost of throughput; "
+                    "otherwise shrink the model state.")
+        else:
+            step = "Even one example's activations do not fit beside the floor; shrink the model state."
+    return (
         f"Nothing fits in a budget of {round(budget)} bytes for an effective batch of {effective_batch} "
         f"(micro-batch >= {min_micro_batch}): the floor (parameters + gradients + optimizer state) is "
         f"{floor} bytes, and {where}. Accumulation and checkpointing only shrink activations; they never "
-        f"lower the floor. Remedies for the model state: {'; '.join(REMEDIES)}."
+        f"lower the floor. {step} Remedies for the model state: {'; '.join(REMEDIES)}."
     )
 
 
@@ -353,7 +424,8 @@ def popular_estimates(cfg: GPTConfig, n_params: int, micro_batch: int, measured_
         Estimate("16 B/param (fp32 Adam)", 16 * n_params, measured_peak,
                  "activations, the logits, optimizer temporaries: model state only"),
         Estimate("18 B/param (mixed-precision Adam)", 18 * n_params, measured_peak,
-                 "activations; assumes 16-bit weights + fp32 master copy, not this fp32 model"),
+                 "activations; counts 16-bit weights beside an fp32 master copy, fp32 gradients and "
+                 "moments (2 + 4 + 4 + 8), not this fp32 model"),
         Estimate(f"16 B/param + Korthikanti ({kname})", 16 * n_params + korth, measured_peak,
                  "embeddings, final norm, logits and loss, the gradient of the logits, "
                  + ("one block's recomputed internals during backward, " if checkpointed else "")
@@ -367,33 +439,58 @@ def popular_estimates(cfg: GPTConfig, n_params: int, micro_batch: int, measured_
 
 @dataclass(frozen=True)
 class RemedyFloor:
-    """What one remedy for model state leaves of the floor, per worker."""
+    """What one remedy for model state leaves of the floor, per worker, and what it does not say.
+
+    `caveat` is empty, or the condition the row's number needs (print it beside the row).
+    """
 
     remedy: str
     floor_bytes: float
     saving_bytes: float
+    caveat: str = ""
+
+
+MIXED_PRECISION = "mixed precision (bf16 + fp32 master, Adam state)"
+PURE_BF16 = "pure bf16 (weights, gradients, Adam state)"
+FSDP = "FSDP / ZeRO-3"
+# NOTE [mixed precision]: bf16 autocast (or bf16 weights with an fp32 master copy) keeps
+# 2 + 2 + 4 + 8 = 16 B/param with Adam: the same floor as fp32 (ZeRO's 16 psi). Only pure bf16 is
+# smaller (2 + 2 + 4 = 8 B/param), and plain bf16 updates round small steps to nothing.
+CAVEATS = {
+    MIXED_PRECISION: "bf16 weights and gradients beside fp32 master weights and Adam's fp32 moments, "
+                     "2 + 2 + 4 + 8 = 16 B/param as in fp32: it shrinks activations, not the floor",
+    PURE_BF16: "no fp32 master copy, 2 + 2 + 4 = 8 B/param, but bf16 weights lose small updates unless "
+               "the optimizer uses stochastic rounding or Kahan summation",
+    FSDP: "1/W of the floor is the persistent state per worker; the per-rank peak also holds the "
+          "all-gathered unit being computed; lesson 07 measures it",
+}
 
 
 def remedy_floors(parameters: int, gradients: int, optimizer_state: int,
                   workers: Sequence[int] = (2, 4)) -> list[RemedyFloor]:
     """The floor under each remedy, computed from the measured floor of fp32 Adam.
 
-    `parameters`, `gradients` and `optimizer_state` are measured bytes (Adam's state is
-    two parameter-sized moments). Each row is the floor per worker and its saving
-    against the measured floor. Sharding is measured for real in lesson 07.
+    `parameters`, `gradients` and `optimizer_state` are measured fp32 bytes (4, 4 and 8 per
+    parameter: Adam's state is two parameter-sized moments). Each row is the floor per worker,
+    its saving against the measured floor, and its caveat (`CAVEATS`). Bytes per parameter:
+    fp32 Adam 16, SGD with momentum 12, SGD 8, mixed precision 2 + 2 + 4 (fp32 master) + 8 = 16
+    (no saving), pure bf16 8, bf16 Adam moments 12, offloaded optimizer state 8, ZeRO-1 over W
+    workers 8 + 8/W, FSDP / ZeRO-3 16/W of persistent state. Sharding is measured for real in
+    lesson 07.
     """
     p, g, s = (positive_int(n, v) for n, v in (("parameters", parameters), ("gradients", gradients),
                                              ("optimizer_state", optimizer_state)))
     floor = p + g + s
     rows = [
-        ("Adam, fp32 (measured)", floor),
-        ("SGD with momentum (one buffer)", p + g + s / 2),
-        ("SGD, no momentum (no state)", p + g),
-        ("bf16 parameters and gradients, fp32 Adam state", p / 2 + g / 2 + s),
-        ("bf16 Adam state", p + g + s / 2),
-        ("optimizer state offloaded to CPU", p + g),
+        ("Adam, fp32 (measured)", floor, ""),
+        ("SGD with momentum (one buffer)", p + g + s / 2, ""),
+        ("SGD, no momentum (no state)", p + g, ""),
+        (MIXED_PRECISION, p / 2 + g / 2 + p + s, CAVEATS[MIXED_PRECISION]),
+        (PURE_BF16, p / 2 + g / 2 + s / 2, CAVEATS[PURE_BF16]),
+        ("bf16 Adam state (fp32 weights and gradients)", p + g + s / 2, ""),
+        ("optimizer state offloaded to CPU", p + g, ""),
     ]
     for w in (positive_int("workers[i]", w) for w in workers):
-        rows.append((f"optimizer state sharded over {w} workers (ZeRO-1)", p + g + s / w))
-        rows.append((f"everything sharded over {w} workers (FSDP / ZeRO-3)", floor / w))
-    return [RemedyFloor(name, f, floor - f) for name, f in rows]
+        rows.append((f"optimizer state sharded over {w} workers (ZeRO-1)", p + g + s / w, ""))
+        rows.append((f"persistent state sharded over {w} workers ({FSDP})", floor / w, CAVEATS[FSDP]))
+    return [RemedyFloor(name, f, floor - f, caveat) for name, f, caveat in rows]

@@ -29,11 +29,14 @@ from dataclasses import dataclass
 import torch
 
 from helpers import accumulation as acc
+from helpers import checkpointing
 from helpers.checks import choice, positive_int
 from helpers.claims import CLAIMS, LAB_CONFIG, Claim, Evidence, Lab
 from helpers.device import lesson_scale, memory_method, pick_device
-from helpers.models import GPT
+from helpers.models import GPT, explainer_config
+from helpers.planner import RULE_COROLLARY, decision_rule
 from helpers.training import lm_loss
+from helpers.updates import predicted_update_peak_bytes
 
 __all__ = [
     "CLAIMS", "EXERCISES", "QUIZ", "Claim", "Evidence", "Feedback", "Lab", "Ledger", "Question", "Row",
@@ -202,15 +205,18 @@ def followup_answers(ledger: Ledger) -> dict[str, str]:
         "Can the two be combined?": (
             f"Yes. They act on different parts of the peak: the 4x8 checkpointed row peaked at "
             f"{_val(ledger, 'C25'):.2f}x the 8x4 row with the same floor (C25); checkpointing alone cut "
-            f"saved activations {_val(ledger, 'C09'):.1f}x (C09) for {_val(ledger, 'C11'):.2f}x the FLOPs "
-            "(C11)."
+            f"saved activations {_val(ledger, 'C09'):.1f}x (C09) for {_val(ledger, 'C11'):.2f} of one "
+            "forward of the checkpointed blocks in extra FLOPs (C11)."
         ),
         "Which one first?": (
-            "Profile first. Activations grow with the micro-batch (R² "
-            f"{_val(ledger, 'C05'):.4f}, C05) above a floor that does not move (spread "
-            f"{_val(ledger, 'C06'):.1e}, C06). If activations dominate, checkpoint; if a smaller micro-batch "
-            "fits but the optimizer needs more examples, accumulate; if the floor itself is too big, shard, "
-            "offload or shrink the state (C26)."
+            "Profile first, then follow one rule (the planner's, `helpers.planner.DECISION_RULE`):\n\n"
+            f"{decision_rule().removesuffix(RULE_COROLLARY).rstrip()}\n\n"
+            f"The evidence here: activations grow with the micro-batch (R² {_val(ledger, 'C05'):.4f}, C05) "
+            f"above a floor that does not move (spread {_val(ledger, 'C06'):.1e}, C06), and below the floor "
+            "the planner refuses (C26); accumulation adds no FLOPs but launches "
+            f"{_val(ledger, 'C24'):.1f}x the ops when 8 examples go as 8 micro-batches of 1 (C24); "
+            "checkpointing costs "
+            f"{_val(ledger, 'C11'):.2f} of a forward of the blocks (C11). {RULE_COROLLARY}"
         ),
     }
 
@@ -218,10 +224,12 @@ def followup_answers(ledger: Ledger) -> dict[str, str]:
 def interview_answer(ledger: Ledger) -> str:
     """The one-line interview answer, in our words, with the ledger's numbers."""
     return (
-        f"Checkpointing spends extra forward compute ({_val(ledger, 'C11'):.2f}x the FLOPs here) to keep "
-        f"{_val(ledger, 'C09'):.1f}x fewer activations inside one micro-batch; accumulation spends more, "
-        f"smaller micro-steps ({_val(ledger, 'C24'):.1f}x the ops here) and a later update to reach a bigger "
-        "effective batch with the same gradient; they fix different things and stack."
+        f"Checkpointing spends extra forward compute (at most one forward of the checkpointed blocks, "
+        f"{_val(ledger, 'C11'):.2f} of one here) to keep {_val(ledger, 'C09'):.1f}x fewer activations inside "
+        f"one micro-batch; accumulation spends more, smaller micro-steps ({_val(ledger, 'C24'):.1f}x the ops "
+        "here) and a later update to reach a bigger effective batch with the same gradient; they fix "
+        "different things and stack: shrink the micro-batch and accumulate first, and checkpoint once a "
+        "smaller micro-batch would leave the device idle."
     )
 
 
@@ -252,7 +260,9 @@ QUIZ: tuple[Question, ...] = (
              ("Gradient accumulation with the same micro-batch", "Activation checkpointing",
               "A bigger learning rate", "Switching Adam for SGD"), 1,
              "Checkpointing discards activations and recomputes them; accumulation with the same micro-batch "
-             "keeps the same activations.", "02"),
+             "keeps the same activations. (A smaller micro-batch with more accumulation steps shrinks them "
+             "too, for no extra FLOPs: the rule takes it first, down to the micro-batch that keeps the "
+             "device busy; lesson 06.)", "02"),
     Question("Q2", "You accumulate K = 8 micro-batches of mean loss and forget to divide by K. The "
              "accumulated gradient is...",
              ("the same as the full batch's", "8 times the full batch's", "1/8 of the full batch's",
@@ -395,11 +405,17 @@ def explore_accumulation(micro_batch: int, steps: int, lab: Lab | None = None) -
 
 
 def predicted_peak_bytes(scale: str) -> int:
-    """The ledger runs the same small lab at every scale: its largest check (8 x 4 Adam) stays tiny."""
+    """The ledger's largest check at `scale`, from the formulas of the lessons whose models it uses.
+
+    The fast lab (`LAB_CONFIG`) is the same at every scale and stays tiny. The headline claims
+    grow with the scale: the 8 x 4 Adam row on lesson 01's model (C08, C25), as `helpers.updates`
+    predicts it, and a step of lesson 02's model (C09, C11), within lesson 02's own prediction.
+    """
     choice("scale", scale, ("tiny", "small", "medium", "full"))
     n_params = sum(p.numel() for p in GPT(LAB_CONFIG).parameters())
     per_example = 4 * LAB_CONFIG.seq_len * LAB_CONFIG.d_model * LAB_CONFIG.n_layers * 40  # generous
-    return 16 * n_params + 8 * per_example
+    return max(16 * n_params + 8 * per_example, predicted_update_peak_bytes(explainer_config(scale), 8),
+               checkpointing.predicted_peak_bytes(scale))
 
 
 def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:

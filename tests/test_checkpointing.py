@@ -322,13 +322,45 @@ def test_exercise_checkers() -> None:
     assert ckpt.check_exercise_2(ckpt.save_matmul_outputs).startswith("Hint")
     assert ckpt.check_exercise_2(None).startswith("Hint")
     assert ckpt.check_exercise_2(lambda *a, **k: 1 / 0).startswith("Hint")
-    assert ckpt.check_exercise_3(2.0).startswith("Correct")
-    assert ckpt.check_exercise_3(1).startswith("Hint")
     assert ckpt.check_exercise_3(None).startswith("Hint")
     assert ckpt.check_exercise_4(2, 1).startswith("Correct")
     assert ckpt.check_exercise_4(2, 2).startswith("Half right")
     assert ckpt.check_exercise_4(1, 1).startswith("Hint")
     assert ckpt.check_exercise_4(None, 1).startswith("Hint")
+
+
+def test_blocks_forward_flops_by_hand() -> None:
+    """One forward of a GPT's blocks: 24bsh^2 (qkv, proj, the 4h-wide MLP) + 4bs^2h (QK^T, PV) each."""
+    cfg = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=3, dropout=0.0)
+    model = GPT(cfg)
+    b, s, h = 5, 8, 16
+    assert ckpt.blocks_forward_flops(model, b) == 3 * (24 * b * s * h * h + 4 * b * s * s * h)
+    with pytest.raises(ValueError, match="micro_batch"):
+        ckpt.blocks_forward_flops(model, 0)
+
+
+def test_exercise_3_checker_agrees_with_the_lessons_own_measurement() -> None:
+    """A ReLU's saved output is the next Linear's saved input: one storage, so a/b = 1 (issue 21).
+
+    Measured here with the lesson's own instruments (`chain_layer_costs`, `segment_sweep`) on a
+    chain the checker does not build (another width and batch, another seed).
+    """
+    torch.manual_seed(3)
+    x = torch.randn(24, 40)
+    chains = {kind: ckpt.make_chain(16, 40, kind) for kind in ("linear", ckpt.EXERCISE_CHAIN)}
+    costs = {kind: ckpt.chain_layer_costs(chain, x) for kind, chain in chains.items()}
+    best = {kind: min(ckpt.segment_sweep(chain, x, ckpt.divisors(16)), key=lambda p: p.saved_bytes).segments
+            for kind, chain in chains.items()}
+    a, b = costs[ckpt.EXERCISE_CHAIN]
+    assert a == b == x.numel() * 4  # the Linear's input; the ReLU's output is that same storage downstream
+    assert best[ckpt.EXERCISE_CHAIN] == best["linear"] == 4  # the optimum k does not move
+    assert ckpt.check_exercise_3(a / b).startswith("Correct")
+    assert ckpt.check_exercise_3(2.0).startswith("Hint") and "once" in ckpt.check_exercise_3(2.0)
+    assert ckpt.check_exercise_3(6).startswith("Hint")
+    measured = ckpt.exercise_3_measurement()
+    assert measured[ckpt.EXERCISE_CHAIN] == measured["linear"] == (1.0, 4)
+    with pytest.raises(ValueError, match="kind"):
+        ckpt.make_chain(4, 8, "relu-linear")
 
 
 @pytest.mark.cuda

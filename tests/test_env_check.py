@@ -118,3 +118,19 @@ def test_module_runs_from_the_command_line() -> None:
                           text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "READY" in proc.stdout and proc.stderr == ""
+
+
+def test_a_cuda_report_says_both_units_and_what_the_cap_covers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A "24 GB" card reports 24 GiB; LESSONS_GPU_MEMORY_GB caps the caching allocator only (issue 21)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: SimpleNamespace(total_memory=24 * 2**30, name="Fake GPU"))
+    monkeypatch.setenv("LESSONS_GPU_MEMORY_GB", "16")
+    checks = _by_name(env_check.check_lessons())
+    assert "Fake GPU, 25.8 GB = 24.0 GiB" in checks["CUDA"].detail
+    cap = checks["memory cap"].detail
+    assert cap.startswith("16 GB (LESSONS_GPU_MEMORY_GB)")
+    assert "caching allocator only" in cap and "CUDA context" in cap

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import plan
+from helpers import plan, planner
 from helpers.meta_profile import BatchSpec, Profiler, blocks_of, checkpointed_blocks, cuda_kernel
 from helpers.models import GPT, GPTConfig
 
@@ -171,6 +171,21 @@ def test_parse_budget(text: object, value: float) -> None:
     assert plan.parse_budget(text) == pytest.approx(value)
 
 
+def test_a_budget_in_gb_stands_for_a_card_that_reports_gib() -> None:
+    """A "24 GB" card reports about 24 GiB: a 10% margin of 24e9 bytes leaves 16% of it free (issue 21)."""
+    assert plan.reported_card_bytes(plan.parse_budget("24GB")) == 24 * 2**30
+    assert plan.reported_card_bytes(plan.parse_budget("24 GiB")) == 24 * 2**30  # already what it reports
+    assert plan.reported_card_bytes(23.5e9) == 23.5e9  # not a whole number of GB: taken as it is
+    line = plan.margin_line(24e9, 0.9 * 24e9)
+    assert "24.00 GB (22.35 GiB)" in line and "10% of the budget" in line
+    free = 1 - 0.9 * 24e9 / (24 * 2**30)
+    assert f"{free:.0%} of a card sold as 24 GB" in line and f"{free:.0%}" == "16%"
+    assert "--budget 24GiB" in line
+    gib = plan.margin_line(24 * 2**30, 0.9 * 24 * 2**30)
+    assert "24.00 GiB" in gib and "of a card" not in gib
+    assert plan.margin_line(1e9, 1e9).endswith("(no margin)")
+
+
 @pytest.mark.parametrize("text", ["24 parsecs", "GB", "", "-3GB", "0"])
 def test_parse_budget_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="budget"):
@@ -215,6 +230,20 @@ def test_cli_table_for_a_preset_that_does_not_fit(capsys: pytest.CaptureFixture[
     assert plan.main(["--preset", "gpt2-small", "--seq-len", "128", "--budget", "1GB"]) == 0
     out = capsys.readouterr().out
     assert "NO PLAN" in out and "floor" in out and "weights only" in out
+    assert "16% of a card sold as 1 GB" in out  # the margin as a share of what the card reports
+    assert "note: mixed precision" in out and "16 B/param" in out  # a note, not a saving
+    assert "Kahan" in out and "per-rank peak" in out
+
+
+def test_report_remedies_save_what_the_hand_count_says() -> None:
+    """fp32 Adam is 16 B/param; mixed precision 2 + 2 + 4 + 8 = 16 (no saving), pure bf16 8 (issue 21)."""
+    build, spec, cfg = plan.preset_spec("gpt2-small", 64)
+    report = plan.plan_model(Profiler(build, spec, target="cuda"), name="gpt2-small", budget_bytes=24e9,
+                             effective_batch=8, check=False)
+    n = plan.gpt_param_count(cfg)
+    assert not any(name.startswith("mixed precision") for name in report.remedies)
+    assert report.remedies[planner.PURE_BF16] == pytest.approx(8 * n, rel=1e-3)
+    assert any(note.startswith(planner.MIXED_PRECISION) and "16 B/param" in note for note in report.notes)
 
 
 def test_plan_model_chooses_checkpointing_when_needed() -> None:

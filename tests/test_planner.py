@@ -126,6 +126,7 @@ def test_recommend_takes_the_largest_plain_micro_batch() -> None:
     assert (plan.micro_batch, plan.accumulation_steps, plan.checkpoint) == (4, 8, False)
     assert plan.predicted_peak_bytes == 142 * MiB and plan.effective_batch == 32
     assert "largest micro-batch" in plan.reason and plan.reason.endswith(".")
+    assert "Rule step 4" in plan.reason
 
 
 def test_recommend_no_accumulation_when_the_batch_fits() -> None:
@@ -194,11 +195,40 @@ def test_remedy_floors() -> None:
     assert adam.floor_bytes == 400 and adam.saving_bytes == 0
     assert rows["SGD with momentum (one buffer)"].floor_bytes == 300
     assert rows["SGD, no momentum (no state)"].floor_bytes == 200
-    assert rows["bf16 parameters and gradients, fp32 Adam state"].floor_bytes == 300
-    assert rows["everything sharded over 4 workers (FSDP / ZeRO-3)"].floor_bytes == 100
+    assert rows[planner.MIXED_PRECISION].floor_bytes == 400
+    assert rows[planner.PURE_BF16].floor_bytes == 200
+    assert rows["persistent state sharded over 4 workers (FSDP / ZeRO-3)"].floor_bytes == 100
     assert rows["optimizer state sharded over 4 workers (ZeRO-1)"].floor_bytes == 250
     with pytest.raises(ValueError, match="workers"):
         planner.remedy_floors(100, 100, 200, workers=(0,))
+
+
+# Bytes per parameter, counted by hand (issue 21): fp32 weights 4, gradients 4, Adam's two moments 8;
+# bf16 copies 2 each; mixed precision keeps an fp32 master copy (4) beside the bf16 weights.
+HAND_COUNTED = {
+    "Adam, fp32 (measured)": 4 + 4 + 8,
+    "SGD with momentum (one buffer)": 4 + 4 + 4,
+    "SGD, no momentum (no state)": 4 + 4,
+    planner.MIXED_PRECISION: 2 + 2 + 4 + 8,
+    planner.PURE_BF16: 2 + 2 + 2 + 2,
+    "bf16 Adam state (fp32 weights and gradients)": 4 + 4 + 2 + 2,
+    "optimizer state offloaded to CPU": 4 + 4,
+    "optimizer state sharded over 8 workers (ZeRO-1)": 4 + 4 + 8 / 8,
+    "persistent state sharded over 8 workers (FSDP / ZeRO-3)": 16 / 8,
+}
+
+
+def test_remedy_floors_against_hand_counted_bytes_per_parameter() -> None:
+    n = 1_000_003  # parameters; the measured fp32 Adam floor is 4 + 4 + 8 bytes of each
+    rows = planner.remedy_floors(4 * n, 4 * n, 8 * n, workers=(8,))
+    assert {r.remedy: r.floor_bytes / n for r in rows} == pytest.approx(HAND_COUNTED)
+    by = {r.remedy: r for r in rows}
+    assert by[planner.MIXED_PRECISION].saving_bytes == 0  # no saving on the floor
+    assert "16 B/param" in by[planner.MIXED_PRECISION].caveat
+    assert "stochastic rounding" in by[planner.PURE_BF16].caveat and "Kahan" in by[planner.PURE_BF16].caveat
+    fsdp = by["persistent state sharded over 8 workers (FSDP / ZeRO-3)"]
+    assert "per-rank peak" in fsdp.caveat
+    assert all(not r.caveat for r in rows if r.remedy.startswith(("Adam", "SGD", "optimizer")))
 
 
 # -- killing the survivors of the mutation run (issue 16) --------------------------------------
@@ -365,9 +395,10 @@ def test_plan_describe_and_budget_default() -> None:
 
 def test_recommend_reason_with_accumulation() -> None:
     plan = planner.recommend(150 * MiB, 32, PLAIN, CKPT)
-    assert plan.reason == ("Micro-batch 4: it is the largest micro-batch dividing 32 that fits without "
-                           "checkpointing, so accumulate 8 micro-steps and spend no recompute "
-                           "(predicted peak 142.00 MiB of 150.00 MiB).")
+    assert plan.reason == ("Micro-batch 4: it is the largest micro-batch from 1 up, dividing 32, that fits "
+                           "without checkpointing, so accumulate 8 micro-steps and spend no recompute "
+                           "(predicted peak 142.00 MiB of 150.00 MiB). Rule step 4: "
+                           + planner.DECISION_RULE[3])
     assert plan.budget_bytes == 150 * MiB and plan.describe() == "4 x 8 (predicted peak 142.00 MiB)"
 
 
@@ -381,14 +412,16 @@ def test_recommend_min_micro_batch_equal_to_the_effective_batch() -> None:
     plan = planner.recommend(1.5 * 2**30, 32, PLAIN, min_micro_batch=32)
     assert (plan.micro_batch, plan.accumulation_steps, plan.predicted_peak_bytes) == (32, 1, 397 * MiB)
     assert plan.reason == ("Micro-batch 32: the whole effective batch fits in one pass, so there is nothing "
-                           "to accumulate (predicted peak 397.00 MiB of 1.50 GiB).")
+                           "to accumulate (predicted peak 397.00 MiB of 1.50 GiB). Rule step 4: "
+                           + planner.DECISION_RULE[3])
 
 
 def test_recommend_reason_with_checkpointing() -> None:
     plan = planner.recommend(130 * MiB, 32, PLAIN, CKPT, min_micro_batch=8)
     assert plan.reason == ("Micro-batch 8 with checkpointing: without it even micro-batch 8 would peak at "
                            "182.00 MiB, over the 130.00 MiB budget; checkpointing brings micro-batch 8 to "
-                           "118.00 MiB, and 4 accumulation steps make the batch of 32.")
+                           "118.00 MiB, and 4 accumulation steps make the batch of 32. Rule step 5: "
+                           + planner.DECISION_RULE[4])
     assert type(plan.accumulation_steps) is int and plan.accumulation_steps == 4
 
 
@@ -400,17 +433,28 @@ def _refusal(*args: object, **kwargs: object) -> str:
 
 def test_recommend_refusal_names_each_prediction() -> None:
     # budget = floor: the floor fits; micro-batch 1 needs 112 MiB plain, and checkpointed its
-    # forward peak (104 MiB) is below the optimizer step's 110 MiB
+    # forward peak (104 MiB) is below the optimizer step's 110 MiB, which alone is over the budget
     msg = _refusal(100 * MiB, 32, PLAIN, CKPT)
     assert (f"the floor fits, but even micro-batch 1 does not (predicted {112 * MiB} bytes without "
-            f"checkpointing, {110 * MiB} bytes with it).") in msg
+            f"checkpointing, {110 * MiB} bytes with it), and the optimizer step alone peaks at "
+            f"{110 * MiB} bytes. Accumulation") in msg
+    assert f"lower the floor. Rule step 2: {planner.DECISION_RULE[1]} Remedies" in msg
     msg = _refusal(105 * MiB, 32, PLAIN)
-    assert f"even micro-batch 1 does not (predicted {112 * MiB} bytes)." in msg
+    assert f"even micro-batch 1 does not (predicted {112 * MiB} bytes), and the optimizer step" in msg
     msg = _refusal(90 * MiB, 32, PLAIN, CKPT)
-    assert f"is {100 * MiB} bytes, and the budget is below the floor itself." in msg
-    # a single candidate size, taken in one pass (no gradients yet): 397 MiB
+    assert (f"is {100 * MiB} bytes, and the budget is below the floor itself. Accumulation and "
+            "checkpointing only shrink activations; they never lower the floor. Rule step 2: ") in msg
+    # a single candidate size, taken in one pass (no gradients yet): 397 MiB; the optimizer step
+    # (110 MiB) fits, so the minimum micro-batch is what stops it (rule step 3)
     msg = _refusal(300 * MiB, 32, PLAIN, min_micro_batch=32)
-    assert f"even micro-batch 32 does not (predicted {397 * MiB} bytes)." in msg
+    assert f"even micro-batch 32 does not (predicted {397 * MiB} bytes). " in msg
+    assert (f"Rule step 3: {planner.DECISION_RULE[2]} A minimum below 32 may fit, at the cost of "
+            "throughput; otherwise shrink the model state.") in msg
+    # the floor and the optimizer step fit, micro-batch 1 does not, and no minimum is to blame
+    cheap_step = _profile(optimizer_peak_bytes=101 * MiB)
+    msg = _refusal(105 * MiB, 32, cheap_step)
+    assert "optimizer step alone" not in msg and "Rule step" not in msg
+    assert "Even one example's activations do not fit beside the floor; shrink the model state." in msg
 
 
 def test_korthikanti_estimate_by_hand() -> None:
@@ -440,13 +484,14 @@ def test_remedy_floors_default_workers_and_every_row() -> None:
         "Adam, fp32 (measured)": 400,
         "SGD with momentum (one buffer)": 300,
         "SGD, no momentum (no state)": 200,
-        "bf16 parameters and gradients, fp32 Adam state": 300,
-        "bf16 Adam state": 300,
+        planner.MIXED_PRECISION: 400,
+        planner.PURE_BF16: 200,
+        "bf16 Adam state (fp32 weights and gradients)": 300,
         "optimizer state offloaded to CPU": 200,
         "optimizer state sharded over 2 workers (ZeRO-1)": 300,
-        "everything sharded over 2 workers (FSDP / ZeRO-3)": 200,
+        "persistent state sharded over 2 workers (FSDP / ZeRO-3)": 200,
         "optimizer state sharded over 4 workers (ZeRO-1)": 250,
-        "everything sharded over 4 workers (FSDP / ZeRO-3)": 100,
+        "persistent state sharded over 4 workers (FSDP / ZeRO-3)": 100,
     }
 
 
@@ -462,3 +507,24 @@ def test_remedy_floors_names_the_bad_argument(args: tuple[int, int, int], name: 
 
 def test_gb_is_decimal() -> None:
     assert planner.GB == 10**9  # the explainer's gigabytes are decimal
+
+
+# -- one rule, stated the same way everywhere (issue 21) ---------------------------------------
+def test_decision_rule_is_numbered_and_ends_with_its_corollary() -> None:
+    text = planner.decision_rule()
+    for i, step in enumerate(planner.DECISION_RULE, 1):
+        assert f"{i}. {step}" in text
+    assert text.endswith(planner.RULE_COROLLARY)
+    assert "min_micro_batch" in planner.DECISION_RULE[2] and "03 §7" in planner.DECISION_RULE[2]
+    assert "no FLOPs" in planner.DECISION_RULE[3] and "Only if none fits" in planner.DECISION_RULE[4]
+
+
+@pytest.mark.parametrize("notebook", ["06_combine_and_choose.ipynb", "09_plan_your_model.ipynb"])
+def test_lessons_restate_the_rule_word_for_word(notebook: str) -> None:
+    import json
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / notebook).read_text())["cells"]
+    markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    for step in (*planner.DECISION_RULE, planner.RULE_COROLLARY):
+        assert step in markdown, (notebook, step)

@@ -84,7 +84,75 @@ def test_followups_use_the_ledgers_numbers() -> None:
     assert len(answers) == 3
     c13 = ledger.row("C13").value
     assert f"{c13:.1e}" in answers["Is accumulation exactly a bigger batch?"]
-    assert f"{ledger.row('C11').value:.2f}x" in review.interview_answer(ledger)
+    c11 = ledger.row("C11").value
+    assert f"{c11:.2f} of one forward of the checkpointed blocks" in answers["Can the two be combined?"]
+    assert f"{c11:.2f} of one here" in review.interview_answer(ledger)
+
+
+def test_which_one_first_quotes_the_planners_rule() -> None:
+    """Lesson 08's answer and lesson 06's planner state one rule (issue 21), from one home."""
+    from helpers import planner
+
+    rows = [review.Row(c, True, float(i + 1), "u", "", 0.0) for i, c in enumerate(review.CLAIMS)]
+    ledger = review.Ledger(rows, [], "cpu", torch.__version__, "small", "cpu-tracker")
+    answer = review.followup_answers(ledger)["Which one first?"]
+    for i, step in enumerate(planner.DECISION_RULE, 1):
+        assert f"{i}. {step}" in answer
+    assert answer.endswith(planner.RULE_COROLLARY)
+    assert "If activations dominate, checkpoint" not in answer
+    for claim in ("C05", "C06", "C11", "C24", "C26"):
+        assert f"{claim})" in answer
+
+
+def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
+    """C11 checks the claim itself (extra FLOPs within one forward of the blocks), not a step ratio.
+
+    A model whose step is dominated by its output layer (a large vocabulary, one block) spends a
+    small share of the step on the recompute: the old proxy (1.05 <= ckpt / plain <= 1.40) failed it,
+    though the claim holds.
+    """
+    from helpers import checkpointing
+    from helpers.claims import CLAIMS
+    from helpers.models import GPTConfig, seeded_gpt
+    from helpers.training import lm_loss
+
+    (c11,) = [c for c in CLAIMS if c.id == "C11"]
+    lab = review.Lab(torch.device("cpu"), scale="tiny")
+    wide = seeded_gpt(GPTConfig(vocab_size=4096, seq_len=16, d_model=16, n_heads=2, n_layers=1, dropout=0.0),
+                      "cpu")
+    lab.cache["lesson_model 02"] = wide  # stands in for lesson 02's model
+    ev = c11.run(lab)
+    idx, tgt = lab.lesson_tokens("02", 4)  # lesson 02's micro-batch at "tiny"
+    plain = checkpointing.count_flops(lambda: lm_loss(wide(idx), tgt).backward())
+    wide.block_wrapper = checkpointing.make_block_wrapper("full")
+    ckpt = checkpointing.count_flops(lambda: lm_loss(wide(idx), tgt).backward())
+    wide.block_wrapper = None
+    s, h = 16, 16
+    region = 4 * s * h * (24 * h + 4 * s)  # one block's forward, counted by hand: 24bsh^2 + 4bs^2h
+    assert ev.passed and ev.value == pytest.approx((ckpt - plain) / region)
+    assert 0 < ev.value <= 1
+    assert ckpt / plain < 1.05  # the old proxy would have failed a true claim here
+    assert ev.unit == "forwards of the checkpointed blocks" and "lesson 02's model" in ev.detail
+
+
+def test_headline_claims_run_on_the_lessons_own_models() -> None:
+    """The ledger reports the lessons' numbers: C09/C11 on lesson 02's GPT, C08/C25 on 01's (issue 21)."""
+    from helpers.checkpointing import gpt_setup
+    from helpers.claims import LESSON_MODEL_CLAIMS
+    from helpers.models import explainer_config
+
+    lab = review.Lab(torch.device("cpu"), scale="tiny")
+    assert lab.lesson_model("01").cfg == explainer_config("tiny")
+    assert lab.lesson_model("01") is lab.lesson_model("01")  # built once per ledger run
+    assert lab.lesson_model("02").cfg == gpt_setup("tiny")[0]
+    with pytest.raises(ValueError, match="lesson"):
+        lab.lesson_model("06")
+    assert review.Lab(torch.device("cpu")).scale == "small"  # the CPU's lesson scale
+    assert LESSON_MODEL_CLAIMS == {"C08": "01", "C09": "02", "C11": "02", "C25": "01"}
+    ledger = review.run_ledger(list(LESSON_MODEL_CLAIMS), progress=False)
+    assert ledger.passed, review.format_table(ledger)
+    for r in ledger.rows:
+        assert f"lesson {LESSON_MODEL_CLAIMS[r.claim.id]}'s model" in r.detail, r.detail
 
 
 def test_quiz_answers() -> None:
