@@ -88,11 +88,15 @@ def fresh_accelerator(k: int, *, device: torch.device | str = "cpu") -> object:
     """An `Accelerator(gradient_accumulation_steps=k)` that no earlier Trainer can disturb.
 
     Clears the shared `GradientState` first (see the module note). On a CPU device it
-    passes `cpu=True`.
+    passes `cpu=True`. The frameworks' loggers are set to errors only
+    (`helpers.frameworks.silence_logs`).
     """
     from accelerate import Accelerator
 
+    from helpers.frameworks import silence_logs
+
     positive_int("k", k)
+    silence_logs()
     reset_gradient_state()
     return Accelerator(gradient_accumulation_steps=k, cpu=torch.device(device).type == "cpu")
 

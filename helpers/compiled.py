@@ -28,8 +28,11 @@ block), the compiled region is one block of the lessons' GPT, called through
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Iterable, Sequence
+import logging
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +70,8 @@ class RecomputePoint:
     backward_flops: int
     baseline_flops: int  # backward FLOPs of the plain eager blocks (nothing recomputed)
     compiled: bool
+    budget: float | None = None  # the activation_memory_budget it was compiled at (compiled points)
+    warnings: tuple[str, ...] = ()  # what torch warned while compiling (caught, so none leaks)
 
     @property
     def recompute_flops(self) -> int:
@@ -88,6 +93,39 @@ def selective(policy: Callable[..., object]) -> BlockWrapper:
         return checkpoint(block, x, use_reentrant=False, context_fn=context)
 
     return wrapper
+
+
+# Loggers whose WARNING lines torch writes to stderr while compiling (e.g. "context_fn is passed to
+# torch.utils.checkpoint under torch.compile"): caught during a compile and kept with the point.
+_COMPILE_LOGGERS = ("torch._higher_order_ops", "torch._dynamo", "torch._functorch", "torch._inductor")
+
+
+class _Recorder(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"log {record.name}: {' '.join(record.getMessage().split())}")
+
+
+@contextlib.contextmanager
+def _caught(lines: list[str]) -> Iterator[None]:
+    """Record warnings and torch's compile-time log warnings into `lines` instead of stderr."""
+    recorder = _Recorder()
+    loggers = [logging.getLogger(n) for n in _COMPILE_LOGGERS]
+    saved = [(lg.handlers[:], lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.handlers, lg.propagate = [recorder], False
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # torch's own deprecation notices while it compiles
+            yield
+    finally:
+        for lg, (handlers, propagate) in zip(loggers, saved, strict=True):
+            lg.handlers, lg.propagate = handlers, propagate
+        lines.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+        lines.extend(recorder.lines)
 
 
 def _plain(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -214,11 +252,12 @@ def compiled_point(model: nn.Module, h: torch.Tensor, budget: float = 1.0, *,
     tensor_arg("h", h)
     number_in_range("budget", budget, 0.0, 1.0)
     baseline = _baseline(model, h)
+    notes: list[str] = []
     torch.compiler.reset()
     compiled = torch.compile(wrapper or _plain, backend=BACKEND)
     model.block_wrapper = compiled  # type: ignore[assignment]
     try:
-        with torch._functorch.config.patch(activation_memory_budget=float(budget)):
+        with torch._functorch.config.patch(activation_memory_budget=float(budget)), _caught(notes):
             _run_blocks(model, h).sum().backward()  # compiles forward and backward at this budget
         model.zero_grad(set_to_none=True)
         out = _run_blocks(model, h)
@@ -226,7 +265,8 @@ def compiled_point(model: nn.Module, h: torch.Tensor, budget: float = 1.0, *,
         flops = backward_flops(out)
     finally:
         _clean(model, h)
-    return RecomputePoint(label or f"compiled, budget {budget:g}", saved, flops, baseline, compiled=True)
+    return RecomputePoint(label or f"compiled, budget {budget:g}", saved, flops, baseline, compiled=True,
+                          budget=float(budget), warnings=tuple(dict.fromkeys(notes)))
 
 
 def pareto(model: nn.Module, h: torch.Tensor, budgets: Sequence[float] = BUDGETS) -> list[RecomputePoint]:

@@ -31,7 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers.accumulation import cleared_grads, flat_grad
 from helpers.checks import bool_arg, choice, int_in_range, positive_int, positive_number
-from helpers.frameworks import offline
+from helpers.frameworks import offline, silence_logs
 from helpers.memory import saved_activation_bytes
 from helpers.training import IGNORE_INDEX
 
@@ -84,6 +84,7 @@ def causal_lm_config(kind: str = "llama", *, vocab_size: int = 256, hidden: int 
     offline()
     import transformers
 
+    silence_logs()  # config notices go to stderr through Transformers' logger
     if kind == "llama":
         return transformers.LlamaConfig(
             vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
@@ -324,7 +325,10 @@ def knob_rows(args: object) -> list[tuple[str, str, str, str]]:
     fields = type(args).__dataclass_fields__
     names = [(n, why) for n, _, why in SWITCHED_OFF] + [
         ("average_tokens_across_devices", "sums the token count over workers; one worker here")]
-    return [(n, repr(getattr(args, n)), repr(fields[n].default), why) for n, why in names if n in fields]
+    def shown(value: object) -> str:
+        return repr(getattr(value, "value", value))  # enums (SchedulerType.CONSTANT) as their string
+
+    return [(n, shown(getattr(args, n)), shown(fields[n].default), why) for n, why in names if n in fields]
 
 
 def quiet(trainer: object) -> object:
@@ -338,18 +342,20 @@ def quiet(trainer: object) -> object:
 
 def trainer_update(model: nn.Module, rows: Sequence[dict[str, torch.Tensor]], *, micro_batch: int,
                    accumulation_steps: int, learning_rate: float, output_dir: str,
-                   mask_first: bool = False) -> torch.Tensor:
+                   mask_first: bool = False, **overrides: object) -> torch.Tensor:
     """Run one `Trainer` update of `model` on `rows` and return the parameter change.
 
-    The arguments come from `comparison_arguments` (the `SWITCHED_OFF` knobs off); the
-    collator is `collate(mask_first=mask_first)`. `model` is trained in place.
+    The arguments come from `comparison_arguments` (the `SWITCHED_OFF` knobs off, then
+    `overrides`, e.g. `max_grad_norm=1.0`); the collator is `collate(mask_first=mask_first)`.
+    `model` is trained in place.
     """
     import transformers
 
     int_in_range("rows", len(rows), micro_batch * accumulation_steps, 10**9)  # at least one full group
     start = snapshot(model)
     args = comparison_arguments(output_dir, micro_batch=micro_batch, accumulation_steps=accumulation_steps,
-                                learning_rate=learning_rate, device=next(model.parameters()).device)
+                                learning_rate=learning_rate, device=next(model.parameters()).device,
+                                **overrides)
     trainer = quiet(transformers.Trainer(model=model, args=args, train_dataset=list(rows),
                                          data_collator=functools.partial(collate, mask_first=mask_first)))
     trainer.train()  # type: ignore[attr-defined]

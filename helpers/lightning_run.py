@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from helpers.checks import callable_arg, instance_arg, positive_number
+from helpers.frameworks import silence_logs
 
 __all__ = ["loop_module", "quiet_trainer", "scheduler_of"]
 
@@ -99,6 +100,7 @@ def quiet_trainer(*, device: torch.device | str = "cpu", **knobs: object) -> obj
     """
     import lightning.pytorch as pl
 
+    silence_logs()
     accelerator = "gpu" if torch.device(device).type == "cuda" else "cpu"
     return pl.Trainer(accelerator=accelerator, devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,

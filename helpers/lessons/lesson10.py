@@ -49,6 +49,7 @@ __all__ = [
     "predicted_peak_bytes",
     "show_accumulate",
     "table",
+    "token_gpt_config",
     "warmup",
     "widget_latency_cases",
 ]
@@ -110,6 +111,13 @@ def gpt_config(sizes: Sizes) -> GPTConfig:
                      n_heads=sizes.heads, n_layers=sizes.layers, dropout=0.0)
 
 
+def token_gpt_config(sizes: Sizes) -> GPTConfig:
+    """The lessons' GPT sized like the Transformers models (`lm`), for lesson 05's sequences."""
+    lm = sizes.lm
+    return GPTConfig(vocab_size=lm["vocab_size"], seq_len=lm["max_len"], d_model=lm["hidden"],
+                     n_heads=lm["heads"], n_layers=lm["layers"], dropout=0.0)
+
+
 def lm_samples(sizes: Sizes, n: int, *, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`n` of lesson 05's variable-length sequences (lengths 25-100% of `lm["max_len"]`)."""
     return variable_length_sequences(positive_int("n", n), sizes.lm["max_len"], sizes.lm["vocab_size"],
@@ -139,7 +147,7 @@ def framework_table() -> str:
         seconds = frameworks.IMPORT_SECONDS.get(name)
         rows.append((name, version or "not installed",
                      "-" if seconds is None else f"{seconds:.1f} s"))
-    return table(rows, ("framework", "version", "import (this kernel)"))
+    return table(rows, ("framework", "version", "import here, in this order (shared parts count once)"))
 
 
 def plot_pareto(curve: Sequence[compiled.RecomputePoint], others: Sequence[compiled.RecomputePoint],
@@ -173,10 +181,7 @@ _WIDGET_MODELS: dict[tuple[str, str], GPT] = {}
 def _widget_model(scale: str, device: torch.device) -> GPT:
     key = (scale, str(device))
     if key not in _WIDGET_MODELS:
-        s = lesson_sizes(scale)
-        cfg = GPTConfig(vocab_size=s.lm["vocab_size"], seq_len=s.lm["max_len"], d_model=s.lm["hidden"],
-                        n_heads=s.lm["heads"], n_layers=s.lm["layers"], dropout=0.0)
-        _WIDGET_MODELS[key] = seeded_gpt(cfg, device)
+        _WIDGET_MODELS[key] = seeded_gpt(token_gpt_config(lesson_sizes(scale)), device)
     return _WIDGET_MODELS[key]
 
 
@@ -248,7 +253,9 @@ class BudgetExplorer:
                  others: Sequence[compiled.RecomputePoint] = ()) -> None:
         self.sizes, self.device, self.curve, self.others = sizes, device, list(curve), list(others)
         self.model = seeded_gpt(gpt_config(sizes), device)
-        self.cache: dict[tuple[int, float], compiled.RecomputePoint] = {}
+        # What section 5 measured needs no second compile: the numbers depend on shapes, not values.
+        self.cache: dict[tuple[int, float], compiled.RecomputePoint] = {
+            (sizes.micro_batch, p.budget): p for p in self.curve if p.budget is not None}
 
     def point(self, micro_batch: int, budget: float) -> compiled.RecomputePoint:
         """The measured point for `micro_batch` sequences at `budget` (cached)."""
