@@ -93,8 +93,8 @@ def causal_lm_config(kind: str = "llama", *, vocab_size: int = 256, hidden: int 
             bos_token_id=0, eos_token_id=1, pad_token_id=PAD_ID, tie_word_embeddings=False)
     return transformers.GPT2Config(
         vocab_size=vocab_size, n_positions=max_len, n_embd=hidden, n_layer=layers, n_head=heads,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=1,
-        pad_token_id=PAD_ID)
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, summary_first_dropout=0.0, use_cache=False,
+        bos_token_id=0, eos_token_id=1, pad_token_id=PAD_ID)
 
 
 def causal_lm(kind: str = "llama", *, seed: int = 0, device: torch.device | str = "cpu",
