@@ -17,15 +17,14 @@ from helpers import frameworks
 CI = os.environ.get("CI", "").lower() == "true"
 
 
-def test_the_frameworks_are_installed_under_ci(request: pytest.FixtureRequest) -> None:
+def test_the_frameworks_are_installed_under_ci(capsys: pytest.CaptureFixture[str]) -> None:
     absent = frameworks.missing()
     if absent and not CI:
         pytest.skip(f"not installed here: {absent} ({frameworks.install_hint(absent)})")
     assert not absent, f"CI=true but {absent} are missing: {frameworks.install_hint(absent)}"
     found = ", ".join(f"{name} {version}" for name, version in frameworks.versions().items())
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:  # shown even under -q: the versions these tests ran with
-        reporter.write_line(f"\nlesson 10 frameworks: {found}")
+    with capsys.disabled():  # shown even under -q: the versions these tests ran with
+        print(f"\nlesson 10 frameworks: {found}")
 
 
 def test_versions_and_missing_agree() -> None:
