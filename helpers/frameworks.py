@@ -123,8 +123,9 @@ def ready(*names: str) -> bool:
     absent = missing(*names)
     if not absent:
         return True
-    message = (f"{', '.join(absent)} not installed here: this section's checks are skipped. "
-               f"To run them: {install_hint(absent)}, then restart the kernel.")
+    message = (f"{', '.join(absent)} not installed here: the checks that need "
+               f"{'them' if len(absent) > 1 else 'it'} are skipped. To run them: {install_hint(absent)}, "
+               "then restart the kernel.")
     if os.environ.get("CI", "").lower() == "true":
         raise RuntimeError(f"CI=true, so every section must run, but {message}")
     print(f"Skipped: {message}")

@@ -253,9 +253,9 @@ def checkpointed_by_hand(model: nn.Module) -> Iterator[int]:
 def enable_checkpointing(model: nn.Module, *, reentrant: bool) -> None:
     """The library's switch, with `use_reentrant=reentrant`, under whichever name it has.
 
-    Transformers 5.2x calls it `activation_checkpointing_enable` and keeps
-    `gradient_checkpointing_enable` as a deprecated alias (a FutureWarning); older
-    releases only have the latter. For the reentrant trap only: lessons pass False.
+    Transformers 5.24 calls it `activation_checkpointing_enable` and keeps
+    `gradient_checkpointing_enable` as a deprecated alias (a FutureWarning); 5.10 only
+    has the latter. For the reentrant trap only: lessons pass False.
     """
     kwargs = {"use_reentrant": bool_arg("reentrant", reentrant)}
     if hasattr(model, "activation_checkpointing_enable"):

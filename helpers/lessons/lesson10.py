@@ -15,7 +15,6 @@ and `helpers.tradeoffs` (optimizer in backward, chunked loss, offloading).
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -284,34 +283,30 @@ def _not_answered(what: str) -> str:
     return f"Not answered yet: {what}"
 
 
-def check_exercise_1(norm_ratio: object, *, scale: str = "small") -> str:
-    """Exercise 1: the Trainer's update / the loop's, with `max_grad_norm` back at its default.
-
-    The checker measures the answer itself: one Trainer update at this scale's sizes with
-    `max_grad_norm=1.0`, against the same update with clipping off.
-    """
-    value = answer_number(norm_ratio)
+def check_exercise_1(fraction: object) -> str:
+    """Exercise 1: the second update's learning rate (a fraction of `learning_rate`) under the
+    Trainer's default schedule, with `max_steps=2`. The checker asks the installed Transformers'
+    own scheduler (`transformers.get_scheduler`), the one the Trainer builds."""
+    value = answer_number(fraction)
     if value is None:
-        return _not_answered("pass the norm ratio (a number), e.g. compare_grads(loop, trainer).norm_ratio.")
-    from helpers import hf
+        return _not_answered("pass a number, e.g. 0.25 for a quarter of the learning rate.")
+    import transformers
 
-    s = lesson_sizes(scale)
-    rows = hf.training_rows(lm_samples(s, s.micro_batch * s.k))
-    updates = []
-    with tempfile.TemporaryDirectory() as out:
-        for clip in (0.0, 1.0):
-            model = hf.causal_lm("llama", **s.lm)
-            updates.append(hf.trainer_update(model, rows, micro_batch=s.micro_batch, accumulation_steps=s.k,
-                                             learning_rate=s.lr, output_dir=out, max_grad_norm=clip))
-    truth = compare_grads(updates[0], updates[1]).norm_ratio
-    if abs(value - truth) <= 1e-3 * max(truth, 1e-12):
-        return (f"Correct: {truth:.4f}. With max_grad_norm=1.0 the Trainer clips the accumulated "
-                "gradient to norm 1 before stepping, so its update is the loop's times 1/||g|| whenever "
-                "||g|| > 1. Clipping is on by default: compare against a loop that clips too, or turn "
-                "it off.")
-    return (f"Not quite (measured here: {truth:.4f}). Build the arguments with "
-            "hf.comparison_arguments(..., max_grad_norm=1.0), rerun the Trainer, and compare its update "
-            "with the unclipped loop's: norm_ratio = |trainer| / |loop|.")
+    from helpers.hf import SWITCHED_OFF
+
+    default = transformers.TrainingArguments.__dataclass_fields__["lr_scheduler_type"].default
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = transformers.get_scheduler(default, opt, num_warmup_steps=0, num_training_steps=2)
+    opt.step()
+    sched.step()
+    truth = sched.get_last_lr()[0]
+    why = next(w for n, _, w in SWITCHED_OFF if n == "lr_scheduler_type")
+    if abs(value - truth) <= 1e-6:
+        return (f"Correct: {truth:g}. The default {getattr(default, 'value', default)!r} schedule decays "
+                f"the rate to 0 over max_steps, so a two-update run takes its second step at {truth:g} x the "
+                f"rate: {why}. One update hides it, which is why section 2 could compare one.")
+    return (f"Not quite. The default schedule is {getattr(default, 'value', default)!r} with no warmup over "
+            "max_steps=2: where does it stand after one scheduler step?")
 
 
 def check_exercise_2(second_lr: object, *, scale: str = "small") -> str:
