@@ -243,7 +243,7 @@ def compiled_point(model: nn.Module, h: torch.Tensor, budget: float = 1.0, *,
         budget: `torch._functorch.config.activation_memory_budget`, 0.0 to 1.0.
         wrapper: what each compiled block call runs (None: the block itself; or a
             checkpointing wrapper, to see how the compiler reads its policy).
-        label: the point's name (default "compiled, budget <b>").
+        label: the point's name (default "compiled, budget 0.50" for budget 0.5).
 
     Returns:
         The point. `torch.compiler.reset()` runs first (the budget is read when a graph
@@ -265,7 +265,7 @@ def compiled_point(model: nn.Module, h: torch.Tensor, budget: float = 1.0, *,
         flops = backward_flops(out)
     finally:
         _clean(model, h)
-    return RecomputePoint(label or f"compiled, budget {budget:g}", saved, flops, baseline, compiled=True,
+    return RecomputePoint(label or f"compiled, budget {budget:.2f}", saved, flops, baseline, compiled=True,
                           budget=float(budget), warnings=tuple(dict.fromkeys(notes)))
 
 

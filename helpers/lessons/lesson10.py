@@ -331,12 +331,15 @@ def check_exercise_3(policy: object) -> str:
         return _not_answered("pass a CheckpointPolicy or its name, e.g. 'MUST_SAVE'.")
     name = str(getattr(policy, "name", policy)).strip().upper().removeprefix("CHECKPOINTPOLICY.")
     if name == "PREFER_SAVE":
-        return ("Correct: PREFER_SAVE. The partitioner treats it as no constraint and cuts where it "
-                "likes; MUST_SAVE is kept as asked. In this torch, PREFER_RECOMPUTE is read as a must "
-                "(section 11 measured it): the compiler never saves what you marked for recompute.")
-    if name in ("MUST_SAVE", "MUST_RECOMPUTE", "PREFER_RECOMPUTE"):
-        return (f"Not quite: {name} is honoured as written under torch.compile in this torch (section 11). "
-                "Which one left the compiled graph at the partitioner's own cut?")
+        return ("Correct: PREFER_SAVE. The partitioner treats it as no constraint and keeps only its own "
+                "cut. MUST_SAVE is kept at the default budget (a little more than the compiler's cut), and "
+                "PREFER_RECOMPUTE is read as a must in this torch (section 11 measured both).")
+    if name == "MUST_SAVE":
+        return ("Not quite: at the default budget the compiler keeps what MUST_SAVE asks. (Only a budget of "
+                "0.0 overrides it, and every other tag too.) Which one left the compiler's own cut?")
+    if name in ("MUST_RECOMPUTE", "PREFER_RECOMPUTE"):
+        return (f"Not quite: {name} asks to keep nothing of that op, and the compiler recomputes it, so it "
+                "cannot keep less than asked. Which save policy left the compiler's own cut?")
     return f"Answer with one of MUST_SAVE, PREFER_SAVE, MUST_RECOMPUTE, PREFER_RECOMPUTE (got {policy!r})."
 
 
