@@ -159,7 +159,8 @@ def worker_update(k: int, micro_batch: int, width: int, updates: int = 2) -> dic
     # Accelerate finds its processes from these variables; the process group already exists.
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
-    accelerator = fresh_accelerator(k)
+    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    accelerator = fresh_accelerator(k, device=device)
     model = lesson_model(width)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer = accelerator.prepare(model, optimizer)  # type: ignore[attr-defined]
@@ -168,11 +169,12 @@ def worker_update(k: int, micro_batch: int, width: int, updates: int = 2) -> dic
     for u in range(updates):
         x, y = lesson_data(micro_batch * k * world, seed=100 + u)
         mine = slice(rank * micro_batch * k, (rank + 1) * micro_batch * k)
-        pieces = list(zip(x[mine].split(micro_batch), y[mine].split(micro_batch), strict=True))
+        x, y = x[mine].to(device), y[mine].to(device)
+        pieces = list(zip(x.split(micro_batch), y.split(micro_batch), strict=True))
         for piece in pieces:
             syncs += accumulate_run(accelerator, model, optimizer, [piece], mse_loss)
             calls.append(counter.calls)
-    weights = torch.cat([p.detach().flatten() for p in accelerator.unwrap_model(model).parameters()])
+    weights = torch.cat([p.detach().flatten() for p in accelerator.unwrap_model(model).parameters()]).cpu()
     return {"distributed_type": str(accelerator.distributed_type), "syncs": syncs, "allreduces": calls,
             "weights": weights}
 
