@@ -14,7 +14,8 @@ True, and under DDP the first K-1 backwards run inside `no_sync`. Needs the
 - `token_loss(logits, labels, n_group, k)`: lesson 05's group-token-count loss, scaled by K
   because `accelerator.backward` divides by K.
 - `worker_update(...)`, `two_worker_update(...)`: the same loop in W gloo workers, its
-  DDP all-reduces counted from the communication hook (`helpers.distributed.count_allreduces`).
+  DDP all-reduces counted from the communication hook (`helpers.distributed.count_allreduces`);
+  `start_workers(w)` starts and warms those workers in the background.
 
 NOTE [the GradientState singleton]: every `Accelerator` in a process shares one
 `GradientState`. It remembers the dataloader it is iterating (a weak reference) and
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +45,7 @@ __all__ = [
     "fresh_accelerator",
     "gradient_state",
     "reset_gradient_state",
+    "start_workers",
     "token_loss",
     "two_worker_update",
     "worker_update",
@@ -179,13 +182,47 @@ def worker_update(k: int, micro_batch: int, width: int, updates: int = 2) -> dic
             "weights": weights}
 
 
-def two_worker_update(k: int, micro_batch: int, width: int, updates: int = 2,
-                      world_size: int = 2) -> list[dict[str, object]]:
-    """`worker_update` on `world_size` gloo workers (spawned, joined in one group); rank order.
+def _warm_up() -> bool:
+    # What a worker's first `accelerator.prepare` imports (DTensor checks, DDP's dynamo hooks).
+    import accelerate  # noqa: F401
+    import torch._dynamo  # noqa: F401
+    import torch.distributed.tensor  # noqa: F401
 
+    return True
+
+
+def start_workers(world_size: int = 2) -> Future:
+    """Start `world_size` gloo workers in the background and warm them up; a Future of the pool.
+
+    Spawned workers spend seconds importing torch, Accelerate and DDP's modules. Started
+    early, they do it while the caller works on. `future.result()` is a
+    `helpers.launcher.WorkerPool` for `two_worker_update(..., pool=...)`; close it after.
+    """
+    from helpers.launcher import WorkerPool
+
+    positive_int("world_size", world_size)
+
+    def start() -> object:
+        pool = WorkerPool(world_size, timeout_s=180.0)
+        pool.run(_warm_up)
+        return pool
+
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lesson10-workers")
+    future = executor.submit(start)
+    executor.shutdown(wait=False)  # the one task still runs; nothing else is accepted
+    return future
+
+
+def two_worker_update(k: int, micro_batch: int, width: int, updates: int = 2, world_size: int = 2, *,
+                      pool: object | None = None) -> list[dict[str, object]]:
+    """`worker_update` on `world_size` gloo workers (joined in one group); results in rank order.
+
+    Runs on `pool` (from `start_workers`) when given, else on workers started for this call.
     Needs a `__main__` that can be re-imported (a notebook, a test, or a guarded script).
     """
     from helpers.launcher import launch
 
-    return launch(worker_update, positive_int("world_size", world_size), k, micro_batch, width, updates,
-                  timeout_s=180.0)
+    positive_int("world_size", world_size)
+    if pool is not None:
+        return pool.run(worker_update, k, micro_batch, width, updates)  # type: ignore[attr-defined]
+    return launch(worker_update, world_size, k, micro_batch, width, updates, timeout_s=180.0)

@@ -112,11 +112,15 @@ def test_a_live_trainer_that_stopped_on_its_last_batch_leaks_gradient_state(acce
 
 @pytest.mark.distributed
 def test_two_gloo_workers_all_reduce_once_per_update(accel) -> None:
-    """About 10 s on 2 busy cores: each spawned worker imports torch, DDP and Accelerate."""
+    """About 10-20 s on 2 busy cores: each spawned worker imports torch, DDP and Accelerate."""
     from helpers.distributed import lesson_data, lesson_model, mse_loss
 
     k, b, width = 3, 2, 16
-    ranks = accel.two_worker_update(k, b, width, updates=2)
+    pool = accel.start_workers(2).result(timeout=180)
+    try:
+        ranks = accel.two_worker_update(k, b, width, updates=2, pool=pool)  # the notebook's path
+    finally:
+        pool.close()
     single = lesson_model(width)
     opt = torch.optim.SGD(single.parameters(), lr=0.1)
     for u in range(2):
