@@ -6,7 +6,8 @@ PY      := $(VENV)/bin/python
 # keep the CUDA build that pip picks for torch>=2.5. Override with CONSTRAINTS= or your own file.
 CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
 # JupyterLab is the `lab` extra (Colab does not need it); tests/test_lab.py checks it serves the lessons.
-EXTRAS  ?= dev,lab
+# `frameworks` (Transformers, Accelerate, Lightning) lets lesson 10 run every section; CI=true needs it.
+EXTRAS  ?= dev,lab,frameworks
 NBVAL   := --nbval-lax --nbval-current-env --nbval-cell-timeout=600
 HEADLESS := MPLBACKEND=Agg
 # Jupyter refuses to start as root (containers, Colab-like VMs) unless told it is fine.

@@ -90,7 +90,7 @@ def test_runtime_keeps_colabs_stack() -> None:
     assert "jupyterlab" in _names(project["optional-dependencies"]["lab"])
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"pip install -q \$\(CONSTRAINTS\) -e '\.\[\$\(EXTRAS\)\]'", makefile)
-    assert re.search(r"^EXTRAS\s*\?=\s*dev,lab$", makefile, re.M)
+    assert re.search(r"^EXTRAS\s*\?=\s*dev,lab,frameworks$", makefile, re.M)  # frameworks: lesson 10
 
 
 REPO_URL = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]

@@ -1,0 +1,362 @@
+"""Hugging Face Transformers, run for real against the lessons' loops (instrument, lesson 10).
+
+Every model is built from a config written in code (random weights, nothing downloaded),
+so the same checks run offline on any machine. Needs the `frameworks` extra; the
+module imports Transformers only when a function is called.
+
+- Models: `causal_lm_config(kind, ...)`, `causal_lm(kind, ...)` for `KINDS` (Llama, GPT-2),
+  with dropout and the KV cache off; `dropout_settings(model)` reads what the config holds.
+- Data: `training_rows(samples)` (lesson 05's variable-length sequences as Trainer rows),
+  `collate(rows)` (pad each micro-batch to its longest row, label padding -100),
+  `micro_batches(rows, b)`, `predicted_tokens(batches)` (labels the shifted loss counts).
+- The loop: `group_token_step(model, batches)`, lesson 05's group-token-count
+  accumulation written for a causal LM that shifts its labels inside.
+- Checkpointing: `saved_bytes`, `loss_and_grad`, `decoder_layers`, `checkpointed_by_hand`
+  (lesson 02's `checkpoint` call on every decoder layer), `enable_checkpointing` (the
+  library's switch, reentrant or not), `missing_grads`.
+- Trainer: `SWITCHED_OFF` (what would hide the comparison), `comparison_arguments`,
+  `knob_rows` (those knobs beside the installed defaults), `quiet`, `trainer_update`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from helpers.accumulation import cleared_grads, flat_grad
+from helpers.checks import bool_arg, choice, int_in_range, positive_int, positive_number
+from helpers.frameworks import offline, silence_logs
+from helpers.memory import saved_activation_bytes
+from helpers.training import IGNORE_INDEX
+
+__all__ = [
+    "DROPOUT_FIELDS",
+    "KINDS",
+    "SWITCHED_OFF",
+    "causal_lm",
+    "causal_lm_config",
+    "checkpointed_by_hand",
+    "collate",
+    "comparison_arguments",
+    "decoder_layers",
+    "dropout_settings",
+    "enable_checkpointing",
+    "group_token_step",
+    "knob_rows",
+    "loss_and_grad",
+    "micro_batches",
+    "missing_grads",
+    "parameter_change",
+    "predicted_tokens",
+    "quiet",
+    "saved_bytes",
+    "snapshot",
+    "trainer_update",
+    "training_rows",
+]
+
+KINDS = ("llama", "gpt2")
+DROPOUT_FIELDS = {"llama": ("attention_dropout",), "gpt2": ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
+PAD_ID = 0
+
+
+# -- models ------------------------------------------------------------------------------------
+def causal_lm_config(kind: str = "llama", *, vocab_size: int = 256, hidden: int = 64, layers: int = 2,
+                     heads: int = 4, max_len: int = 64) -> object:
+    """A small Transformers config of `kind` ("llama" or "gpt2"): dropout 0, no KV cache.
+
+    Llama gets grouped-query attention (half as many KV heads) and an MLP of 2 x
+    `hidden`; GPT-2 ties its input embedding and its head, as the released model does.
+    Token ids 0 and 1 serve as bos/eos, so they lie inside a small vocabulary.
+    """
+    choice("kind", kind, KINDS)
+    for name, value in dict(vocab_size=vocab_size, hidden=hidden, layers=layers, heads=heads,
+                            max_len=max_len).items():
+        positive_int(name, value)
+    if hidden % heads:
+        raise ValueError(f"hidden={hidden} must be divisible by heads={heads}")
+    offline()
+    import transformers
+
+    silence_logs()  # config notices go to stderr through Transformers' logger
+    if kind == "llama":
+        return transformers.LlamaConfig(
+            vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+            max_position_embeddings=max_len, attention_dropout=0.0, use_cache=False,
+            bos_token_id=0, eos_token_id=1, pad_token_id=PAD_ID, tie_word_embeddings=False)
+    return transformers.GPT2Config(
+        vocab_size=vocab_size, n_positions=max_len, n_embd=hidden, n_layer=layers, n_head=heads,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, summary_first_dropout=0.0, use_cache=False,
+        bos_token_id=0, eos_token_id=1, pad_token_id=PAD_ID)
+
+
+def causal_lm(kind: str = "llama", *, seed: int = 0, device: torch.device | str = "cpu",
+              **sizes: int) -> nn.Module:
+    """A `kind` causal LM from `causal_lm_config(kind, **sizes)`, weights drawn from `seed`.
+
+    Nothing is loaded from a hub. The global random state is left as it was; the model
+    is in train mode, in float32, on `device`.
+    """
+    import transformers
+
+    cfg = causal_lm_config(kind, **sizes)
+    cls = transformers.LlamaForCausalLM if kind == "llama" else transformers.GPT2LMHeadModel
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls(cfg)
+    return model.to(device=device, dtype=torch.float32).train()
+
+
+def dropout_settings(model: nn.Module) -> dict[str, float]:
+    """The dropout probabilities in `model.config` (every field whose name holds "drop")."""
+    cfg = model.config.to_dict()  # type: ignore[union-attr]
+    return {k: v for k, v in cfg.items() if "drop" in k and isinstance(v, float)}
+
+
+# -- data --------------------------------------------------------------------------------------
+def training_rows(samples: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """Lesson 05's (input ids, labels) samples as Trainer rows `{"input_ids": ids}`.
+
+    A causal LM in Transformers takes `labels=input_ids` and shifts them inside, so
+    only the input ids are kept; `collate` builds the labels.
+    """
+    if not samples:
+        raise ValueError("samples is empty; give at least one (input ids, labels) pair")
+    return [{"input_ids": ids} for ids, _ in samples]
+
+
+def collate(rows: Sequence[dict[str, torch.Tensor]], *, mask_first: bool = False) -> dict[str, torch.Tensor]:
+    """Pad `rows` on the right to the longest one: input ids, attention mask and labels.
+
+    Labels are the input ids with `IGNORE_INDEX` (-100) at padding. `mask_first=True`
+    also sets each row's first label to -100: no position predicts it, so the loss is
+    unchanged, but a count over the labels then equals the count the shifted loss uses.
+    """
+    if not rows:
+        raise ValueError("rows is empty; give at least one {'input_ids': ...} row")
+    longest = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), longest), PAD_ID, dtype=torch.long)
+    mask = torch.zeros((len(rows), longest), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        ids[i, :n], mask[i, :n] = r["input_ids"], 1
+    labels = ids.masked_fill(mask == 0, IGNORE_INDEX)
+    if bool_arg("mask_first", mask_first):
+        labels[:, 0] = IGNORE_INDEX
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def micro_batches(
+    rows: Sequence[dict[str, torch.Tensor]], micro_batch: int, *, device: torch.device | str = "cpu",
+    mask_first: bool = False,
+) -> list[dict[str, torch.Tensor]]:
+    """Consecutive micro-batches of `micro_batch` rows, each collated on its own, on `device`."""
+    int_in_range("micro_batch", micro_batch, 1, len(rows))
+    out = []
+    for i in range(0, len(rows), micro_batch):
+        batch = collate(rows[i:i + micro_batch], mask_first=mask_first)
+        out.append({k: v.to(device) for k, v in batch.items()})
+    return out
+
+
+def predicted_tokens(batches: Sequence[dict[str, torch.Tensor]]) -> int:
+    """Label positions a causal LM's shifted loss predicts, over every micro-batch of a group."""
+    return sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
+
+
+# -- the loop ----------------------------------------------------------------------------------
+def group_token_step(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> float:
+    """Lesson 05's fix for one group: every micro-batch's summed token loss / the group's count.
+
+    The count is `predicted_tokens(batches)`, taken before any forward. Gradients add up
+    in `.grad` (cleared first is the caller's job); returns the group's loss as logged.
+    """
+    n = predicted_tokens(batches)
+    logged = 0.0
+    for b in batches:
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), b["labels"][:, 1:].flatten(),
+                               ignore_index=IGNORE_INDEX, reduction="sum") / n
+        loss.backward()
+        logged += loss.item()
+    return logged
+
+
+def snapshot(model: nn.Module) -> list[torch.Tensor]:
+    """Copies of `model`'s parameters, for `parameter_change`."""
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def parameter_change(model: nn.Module, start: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Every parameter minus its value in `start`, flattened into one float32 vector."""
+    now = list(model.parameters())
+    if len(now) != len(start):
+        raise ValueError(f"start holds {len(start)} tensors but the model has {len(now)} parameters")
+    return torch.cat([(p.detach() - s).flatten().float() for p, s in zip(now, start, strict=True)])
+
+
+# -- checkpointing -----------------------------------------------------------------------------
+def saved_bytes(model: nn.Module, batch: dict[str, torch.Tensor]) -> int:
+    """Bytes autograd keeps after the forward of `model(**batch).loss` (live-storage tracker)."""
+    out = saved_activation_bytes(lambda: model(**batch).loss)
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def loss_and_grad(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float, torch.Tensor]:
+    """The loss of one forward and backward of `model(**batch)`, and the flat gradient."""
+    with cleared_grads(model):
+        loss = model(**batch).loss
+        loss.backward()
+        return loss.item(), flat_grad(model)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated decoder layers, the units Transformers checkpoints one by one."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no GradientCheckpointingLayer to checkpoint")
+    return layers
+
+
+@contextlib.contextmanager
+def checkpointed_by_hand(model: nn.Module) -> Iterator[int]:
+    """Inside the block every decoder layer runs through lesson 02's non-reentrant `checkpoint`.
+
+    Yields the number of layers wrapped; the layers' own `forward` comes back on exit.
+    """
+    layers = decoder_layers(model)
+
+    def wrapped(forward: object) -> object:
+        def run(*args: object, **kwargs: object) -> object:
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return run
+
+    for layer in layers:
+        layer.forward = wrapped(layer.forward)
+    try:
+        yield len(layers)
+    finally:
+        for layer in layers:
+            del layer.forward  # the instance attribute; the class's forward shows through again
+
+
+def enable_checkpointing(model: nn.Module, *, reentrant: bool) -> None:
+    """The library's switch, with `use_reentrant=reentrant`, under whichever name it has.
+
+    Transformers 5.24 calls it `activation_checkpointing_enable` and keeps
+    `gradient_checkpointing_enable` as a deprecated alias (a FutureWarning); 5.10 only
+    has the latter. For the reentrant trap only: lessons pass False.
+    """
+    kwargs = {"use_reentrant": bool_arg("reentrant", reentrant)}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def missing_grads(model: nn.Module) -> list[str]:
+    """Trainable parameters (requires_grad) whose `.grad` is None after a backward."""
+    return [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+
+
+# -- the Trainer -------------------------------------------------------------------------------
+# (argument, value for the comparison, why): each would make the Trainer's update differ from
+# the plain loop for a reason that is not accumulation. `optim` is not a default to undo but a
+# choice: Adam's first update is about lr x sign(gradient), which would hide a gradient error.
+SWITCHED_OFF = (
+    ("max_grad_norm", 0.0, "clips the update to norm 1.0 by default; 0 turns clipping off"),
+    ("weight_decay", 0.0, "would shrink every weight on top of the gradient step"),
+    ("warmup_steps", 0, "a warmup would scale the first update's learning rate"),
+    ("lr_scheduler_type", "constant", "the default linear decay changes the rate each update"),
+    ("train_sampling_strategy", "sequential", "the default shuffles rows into other micro-batches"),
+    ("optim", "sgd", "Adam's first step is ~lr x sign(g): it would hide a gradient error"),
+)
+
+
+def comparison_arguments(output_dir: str, *, micro_batch: int, accumulation_steps: int,
+                         learning_rate: float, max_steps: int = 1, device: torch.device | str = "cpu",
+                         **overrides: object) -> object:
+    """`TrainingArguments` for comparing one Trainer update with the loop, quiet and offline.
+
+    Args:
+        output_dir: a scratch folder (nothing is saved there: no checkpoints, no logs).
+        micro_batch: `per_device_train_batch_size`, the B of one micro-step.
+        accumulation_steps: `gradient_accumulation_steps`, K.
+        learning_rate: the SGD learning rate.
+        max_steps: optimizer updates to run.
+        device: "cpu" sets `use_cpu=True`; a CUDA device leaves the Trainer on the GPU.
+        **overrides: any other `TrainingArguments` field, applied last.
+
+    Returns:
+        The arguments, with every knob in `SWITCHED_OFF` set to its comparison value.
+    """
+    import transformers
+
+    positive_int("micro_batch", micro_batch)
+    positive_int("accumulation_steps", accumulation_steps)
+    positive_number("learning_rate", learning_rate)
+    positive_int("max_steps", max_steps)
+    fields = transformers.TrainingArguments.__dataclass_fields__
+    knobs = {name: value for name, value, _ in SWITCHED_OFF if name in fields}
+    options = dict(
+        output_dir=output_dir, per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=accumulation_steps, learning_rate=learning_rate, max_steps=max_steps,
+        use_cpu=torch.device(device).type == "cpu", report_to="none", save_strategy="no",
+        logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0, **knobs)
+    options.update(overrides)
+    return transformers.TrainingArguments(**options)
+
+
+def knob_rows(args: object) -> list[tuple[str, str, str, str]]:
+    """(argument, value in `args`, the installed default, why) for each `SWITCHED_OFF` knob.
+
+    Also lists `average_tokens_across_devices`, which only matters with several workers.
+    """
+    fields = type(args).__dataclass_fields__
+    names = [(n, why) for n, _, why in SWITCHED_OFF] + [
+        ("average_tokens_across_devices", "sums the token count over workers; one worker here")]
+    def shown(value: object) -> str:
+        return repr(getattr(value, "value", value))  # enums (SchedulerType.CONSTANT) as their string
+
+    return [(n, shown(getattr(args, n)), shown(fields[n].default), why) for n, why in names if n in fields]
+
+
+def quiet(trainer: object) -> object:
+    """Remove the callbacks that print (the metrics dict) or draw progress bars; return `trainer`."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    for cb in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(cb)  # type: ignore[attr-defined]
+    return trainer
+
+
+def trainer_update(model: nn.Module, rows: Sequence[dict[str, torch.Tensor]], *, micro_batch: int,
+                   accumulation_steps: int, learning_rate: float, output_dir: str,
+                   mask_first: bool = False, **overrides: object) -> torch.Tensor:
+    """Run one `Trainer` update of `model` on `rows` and return the parameter change.
+
+    The arguments come from `comparison_arguments` (the `SWITCHED_OFF` knobs off, then
+    `overrides`, e.g. `max_grad_norm=1.0`); the collator is `collate(mask_first=mask_first)`.
+    `model` is trained in place.
+    """
+    import transformers
+
+    int_in_range("rows", len(rows), micro_batch * accumulation_steps, 10**9)  # at least one full group
+    start = snapshot(model)
+    args = comparison_arguments(output_dir, micro_batch=micro_batch, accumulation_steps=accumulation_steps,
+                                learning_rate=learning_rate, device=next(model.parameters()).device,
+                                **overrides)
+    trainer = quiet(transformers.Trainer(model=model, args=args, train_dataset=list(rows),
+                                         data_collator=functools.partial(collate, mask_first=mask_first)))
+    trainer.train()  # type: ignore[attr-defined]
+    return parameter_change(model, start)

@@ -1,0 +1,1 @@
+"""One module per lesson notebook, its number in its name: sizes, figures, widgets, exercise checkers."""

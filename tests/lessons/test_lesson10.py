@@ -1,0 +1,126 @@
+"""helpers.lessons.lesson10: sizes, the predicted peak against measured peaks, widgets, exercise checkers."""
+
+from __future__ import annotations
+
+import os
+
+import matplotlib
+import pytest
+import torch
+
+from helpers import compiled, frameworks, tradeoffs
+from helpers.device import GB, SCALES
+from helpers.lessons import lesson10 as lab
+from helpers.memory import measure_step
+from helpers.models import seeded_gpt
+from helpers.training import lm_loss
+
+matplotlib.use("Agg")
+CI = os.environ.get("CI", "").lower() == "true"
+needs_accelerate = pytest.mark.skipif(bool(frameworks.missing("accelerate")) and not CI,
+                                      reason="needs the frameworks extra (accelerate)")
+
+
+def test_sizes_exist_at_every_scale_and_fit_their_gpu_class() -> None:
+    for scale in SCALES:
+        s = lab.lesson_sizes(scale)
+        assert s.micro_batch <= s.widget_b and s.k <= s.widget_k and s.ce_chunk < s.ce_tokens
+        peak = lab.predicted_peak_bytes(scale)
+        assert isinstance(peak, int) and peak > 0
+    assert lab.predicted_peak_bytes("medium") <= 0.7 * 12 * GB
+    assert lab.predicted_peak_bytes("full") <= 0.7 * 40 * GB
+    with pytest.raises(ValueError, match="scale"):
+        lab.lesson_sizes("huge")
+
+
+@pytest.mark.parametrize("scale", ["tiny", "small"])
+def test_predicted_peak_is_above_the_largest_measured_experiments(scale: str) -> None:
+    s = lab.lesson_sizes(scale)
+    predicted = lab.predicted_peak_bytes(scale)
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(s.ce_tokens, s.d_model, generator=gen, requires_grad=True)
+    head = torch.nn.Module()
+    head.weight = torch.nn.Parameter(torch.randn(s.ce_vocab, s.d_model, generator=gen) * 0.02)
+    labels = torch.randint(0, s.ce_vocab, (s.ce_tokens,), generator=gen)
+    ce_step = lambda: tradeoffs.full_cross_entropy(hidden, head.weight, labels).backward()  # noqa: E731
+    ce = measure_step(ce_step, model=head)
+    gpt = seeded_gpt(lab.gpt_config(s), "cpu")
+    x = torch.randint(0, s.vocab, (s.widget_b, s.seq_len), generator=gen)
+    opt = torch.optim.Adam(gpt.parameters())
+
+    def step() -> None:
+        lm_loss(gpt(x), x.roll(-1, 1)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # Adam's state exists from here on
+    gpt_peak = measure_step(step, model=gpt, optimizer=opt).peak_bytes
+    assert predicted >= max(ce.peak_bytes, gpt_peak), (predicted, ce.peak_bytes, gpt_peak)
+    assert predicted <= 3 * max(ce.peak_bytes, gpt_peak)  # safe, but not a blind overestimate
+
+
+def test_table_and_warmup() -> None:
+    text = lab.table([("a", 1), ("bbb", 22)], ("name", "n"))
+    assert text.splitlines() == ["name  n", "----  --", "a     1", "bbb   22"]
+    w = lab.warmup(4)
+    assert [w(u) for u in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert "framework" in lab.framework_table() and "lightning" in lab.framework_table()
+
+
+def test_plot_pareto_draws_every_point() -> None:
+    pts = [compiled.RecomputePoint(f"compiled, budget {b:g}", int(1e6 * (1 + b)), int(2e6 * (1 - b)), 0,
+                                   True, b) for b in (1.0, 0.0)]
+    eager = [compiled.RecomputePoint("eager", 900_000, 0, 0, False)]
+    fig = lab.plot_pareto(pts, eager, highlight=pts[0])
+    ax = fig.axes[0]
+    assert "MiB" in ax.get_ylabel() and len(ax.get_legend().get_texts()) == 3
+    matplotlib.pyplot.close(fig)
+
+
+@needs_accelerate
+def test_accumulate_widget_prints_the_effective_batch_and_both_errors(capsys) -> None:
+    syncs, naive, recipe = lab.accumulate_errors(3, 2, scale="tiny")
+    assert syncs == [False, True] and naive > 1e-4 and recipe <= 1e-5
+    lab.show_accumulate(3, 2, scale="tiny")
+    out = capsys.readouterr().out
+    assert "effective batch B x K = 3 x 2 = 6" in out and ". S" in out
+
+
+@needs_accelerate
+def test_widget_latency_cases_each_run(capsys) -> None:
+    cases = lab.widget_latency_cases("tiny", torch.device("cpu"))
+    assert {"B=1", "K=1", "budget 0", "budget 1"} <= set(cases)
+    for fn in cases.values():
+        fn()
+    assert "activation_memory_budget = 0" in capsys.readouterr().out
+
+
+def test_budget_explorer_reuses_the_curve_and_caches() -> None:
+    s = lab.lesson_sizes("tiny")
+    first = lab.BudgetExplorer(s, torch.device("cpu"), [])
+    p = first.point(s.micro_batch, 1.0)
+    second = lab.BudgetExplorer(s, torch.device("cpu"), [p])
+    assert second.point(s.micro_batch, 1.0) is p  # no second compile for what the curve measured
+    assert first.point(s.micro_batch, 1.0) is p  # cached
+    with pytest.raises(ValueError, match="budget"):
+        first.point(1, 2.0)
+
+
+@pytest.mark.skipif(bool(frameworks.missing("transformers")) and not CI, reason="needs transformers")
+def test_exercise_1_asks_the_installed_scheduler() -> None:
+    assert lab.check_exercise_1(None).startswith("Not answered")
+    assert lab.check_exercise_1(0.5).startswith("Correct")  # linear decay over 2 steps, no warmup
+    assert lab.check_exercise_1(1.0).startswith("Not quite")
+
+
+def test_exercises_2_to_4() -> None:
+    s = lab.lesson_sizes("small")
+    right = s.lr * lab.warmup(4 * s.k)(s.k)
+    assert lab.check_exercise_2(right).startswith("Correct")
+    assert "what Lightning does" in lab.check_exercise_2(s.lr * lab.warmup(4 * s.k)(1))
+    assert lab.check_exercise_2("x").startswith("Not answered")
+    assert lab.check_exercise_3("PREFER_SAVE").startswith("Correct")
+    assert lab.check_exercise_3(torch.utils.checkpoint.CheckpointPolicy.PREFER_SAVE).startswith("Correct")
+    assert lab.check_exercise_3("MUST_SAVE").startswith("Not quite")
+    assert lab.check_exercise_3("SAVE_ALL").startswith("Answer with")
+    assert lab.check_exercise_4(s.k).startswith("Correct") and lab.check_exercise_4(1).startswith("Not quite")

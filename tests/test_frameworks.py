@@ -1,0 +1,100 @@
+"""helpers.frameworks: finding, importing and quieting lesson 10's frameworks; the versions that ran.
+
+Under CI=true every framework must be installed (the `frameworks` extra): a missing one fails here,
+and lesson 10's other tests run (and fail) instead of skipping.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+import pytest
+
+from helpers import frameworks
+
+CI = os.environ.get("CI", "").lower() == "true"
+
+
+def test_the_frameworks_are_installed_under_ci(capsys: pytest.CaptureFixture[str]) -> None:
+    absent = frameworks.missing()
+    if absent and not CI:
+        pytest.skip(f"not installed here: {absent} ({frameworks.install_hint(absent)})")
+    assert not absent, f"CI=true but {absent} are missing: {frameworks.install_hint(absent)}"
+    found = ", ".join(f"{name} {version}" for name, version in frameworks.versions().items())
+    with capsys.disabled():  # shown even under -q: the versions these tests ran with
+        print(f"\nlesson 10 frameworks: {found}")
+
+
+def test_versions_and_missing_agree() -> None:
+    found = frameworks.versions()
+    assert set(found) == set(frameworks.FRAMEWORKS)
+    for name in frameworks.FRAMEWORKS:
+        assert (found[name] is None) == (name in frameworks.missing(name)), name
+
+
+def test_unknown_framework_is_refused() -> None:
+    with pytest.raises(ValueError, match="framework='tensorflow' is not allowed"):
+        frameworks.missing("tensorflow")
+    with pytest.raises(ValueError, match="framework"):
+        frameworks.ready("jax")
+
+
+def test_ready_skips_with_a_message_and_fails_under_ci(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(frameworks, "missing", lambda *names: ["lightning"])
+    monkeypatch.setenv("CI", "false")
+    assert frameworks.ready("lightning") is False
+    out = capsys.readouterr().out
+    assert out.startswith("Skipped: lightning not installed")
+    assert "pip install 'ckpt-vs-accum[frameworks]'" in out
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(RuntimeError, match="CI=true.*lightning not installed"):
+        frameworks.ready("lightning")
+    monkeypatch.setattr(frameworks, "missing", lambda *names: [])
+    assert frameworks.ready("lightning") is True
+
+
+def test_install_hint_names_the_extra_and_the_packages() -> None:
+    hint = frameworks.install_hint(["transformers", "lightning"])
+    assert "ckpt-vs-accum[frameworks]" in hint and "pip install transformers lightning" in hint
+
+
+def test_caught_warnings_records_instead_of_raising() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # as under LESSONS_STRICT=1
+        with frameworks.caught_warnings() as records:
+            for _ in range(3):
+                warnings.warn("the same notice", FutureWarning, stacklevel=1)
+            warnings.warn("x" * 300, UserWarning, stacklevel=1)
+    lines = frameworks.describe_warnings(records, width=40)
+    assert lines[0] == "caught FutureWarning (x3): the same notice"
+    assert lines[1].startswith("caught UserWarning (x1): ") and lines[1].endswith("...") and len(lines) == 2
+
+
+def test_offline_sets_the_hub_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(key, raising=False)
+    frameworks.offline()
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["TRANSFORMERS_OFFLINE"] == "1"
+
+
+def test_silence_logs_sets_errors_only() -> None:
+    logger = logging.getLogger("lightning.pytorch")
+    before = logger.level
+    try:
+        logger.setLevel(logging.INFO)
+        frameworks.silence_logs()
+        assert logger.level == logging.ERROR
+    finally:
+        logger.setLevel(before)
+
+
+@pytest.mark.skipif(bool(frameworks.missing("accelerate")) and not CI, reason="accelerate not installed")
+def test_timed_import_records_once() -> None:
+    module = frameworks.timed_import("accelerate")
+    first = frameworks.IMPORT_SECONDS["accelerate"]
+    assert module.__name__ == "accelerate" and first >= 0
+    frameworks.timed_import("accelerate")
+    assert frameworks.IMPORT_SECONDS["accelerate"] == first
