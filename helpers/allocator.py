@@ -182,7 +182,8 @@ def allocator_timeline(
             release point (the loop with `del predictions`), as `tracker.timeline` does.
 
     Returns:
-        A `Timeline` with one sample per event (and one at the start), whose `ops` and
+        A `Timeline` with one sample per event and one after each op (and one at the
+        start), whose `ops` and
         `phases` are those of the op running (or last run) at that moment, whose marks
         point at the last sample before each mark, and whose `inside_kernels` counts the
         bytes of "other" that kernels allocated inside themselves. The allocator's live
@@ -225,6 +226,8 @@ def allocator_timeline(
             end = min(rec.died_ns, rec.release_ns) if released else rec.died_ns
             if end != math.inf:
                 changes.append((end, len(changes), _category(rec), -rec.nbytes, False))
+    for _, t1 in windows[1:]:  # a sample after every op, so that a phase that allocates nothing has one
+        changes.append((t1, len(changes), "other", 0, False))
     changes.sort(key=lambda c: (c[0], c[1]))
     return _samples(tracker, changes, base)
 

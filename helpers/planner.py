@@ -195,10 +195,12 @@ def fit_profile(measure: Callable[[int], object], micro_batches: Sequence[int] =
         a measurement whose peak holds (almost) no activations is taken as an
         optimizer-step peak, the others as forward peaks, and at least two sizes must
         peak in the forward phase. Activations, other and the optimizer-phase peak are
-        fitted as straight lines in `b` (least squares). The forward line uses the sizes
-        where the forward phase binds (when there are at least two): where the optimizer
-        step binds, the forward peak can sit at another point of the pass and follow
-        another line. Each line is then raised, if needed, so that it is never below a
+        fitted as straight lines in `b`. The forward lines (and the one-step line) go
+        through the two largest sizes where the forward phase binds (any two, if fewer
+        bind): where the optimizer step binds, or at small sizes, the forward peak can sit
+        at another point of the pass and follow another line, and the largest sizes are
+        the regime that larger micro-batches continue. The optimizer line is a least-squares
+        fit of every size. Each line is then raised, if needed, so that it is never below a
         measured point it stands for: a prediction at a measured size is never below the
         measurement.
     """
@@ -249,8 +251,9 @@ def _fit(results: dict[int, object], label: str) -> MemoryProfile:
     # different regime); fit the forward line through the sizes where it binds, if there are two.
     xs = sorted(b for b in forward if binds[b])
     xs = xs if len(xs) >= 2 else sorted(forward)
-    acts = linear_fit(xs, [forward[b]["activations"] for b in xs])
-    other = linear_fit(xs, [forward[b]["other"] for b in xs])
+    top = xs[-2:]  # the two largest: the regime that larger micro-batches continue
+    acts = linear_fit(top, [forward[b]["activations"] for b in top])
+    other = linear_fit(top, [forward[b]["other"] for b in top])
     if len(optimizer) >= 2:
         opt = linear_fit(sorted(optimizer), [optimizer[b] for b in sorted(optimizer)])
         opt_base, opt_rate = opt.intercept, opt.slope
@@ -267,7 +270,7 @@ def _fit(results: dict[int, object], label: str) -> MemoryProfile:
     one_base = one_rate = 0.0
     if len(first) >= 2:
         ones = [b for b in xs if b in first]
-        ones = ones if len(ones) >= 2 else sorted(first)
+        ones = (ones if len(ones) >= 2 else sorted(first))[-2:]
         line = linear_fit(ones, [first[b] for b in ones])
         one_points = {b: float(v) for b, v in first.items() if v > optimizer.get(b, 0)}
         one_base = line.intercept + _shortfall(line.intercept, line.slope, one_points)
