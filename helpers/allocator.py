@@ -28,10 +28,12 @@ allocation (no record was taken) keeps its tracker lifetime, so without a record
 timeline is the tracker's own.
 
 Two things the profiler prints are kept off stderr, where a notebook cell must stay
-clean: Kineto's "profiler_start/stop" lines (`KINETO_LOG_LEVEL`, unless set by you) and
-c10's line about freeing a block "of unknown size" (one that was allocated before
-profiling started: the model's state, for instance), which is filtered out of the
-region's stderr and nothing else is.
+clean: Kineto's "profiler_start/stop" lines for this record's own start and stop
+(`KINETO_LOG_LEVEL` is set to 6 unless you set it, and the lines are filtered in case
+Kineto was started before) and c10's line about freeing a block "of unknown size" (one
+that was allocated before profiling started: the model's state, for instance). The
+region's stderr is held in a file and passed on without those lines; nothing else is
+held back.
 """
 
 from __future__ import annotations
@@ -50,11 +52,18 @@ from helpers.tracker import CATEGORIES, MemoryTracker, Timeline, _category, _Rec
 __all__ = ["AllocatorRecord", "allocator_timeline"]
 
 _UNKNOWN_FREE = b"Memory block of unknown size was allocated before the profiling started"
+_KINETO_START_STOP = (b"] profiler_start", b"] profiler_stop")  # Kineto's lines for our own start and stop
+
+
+def _ours(line: bytes) -> bool:
+    """A line the record itself makes c10 or Kineto print (nothing else is held back)."""
+    kineto = b"ActivityProfiler" in line and line.rstrip().endswith(_KINETO_START_STOP)
+    return kineto or _UNKNOWN_FREE in line
 
 
 @contextlib.contextmanager
 def _without_unknown_free_lines() -> Iterator[None]:
-    """Send file descriptor 2 to a temporary file, then pass on all but c10's 'unknown size' lines."""
+    """Send file descriptor 2 to a temporary file, then pass on all but the record's own lines (`_ours`)."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -72,7 +81,7 @@ def _without_unknown_free_lines() -> Iterator[None]:
             os.close(saved)
             tmp.seek(0)
             lines = tmp.read().splitlines(keepends=True)
-            kept = b"".join(line for line in lines if _UNKNOWN_FREE not in line)
+            kept = b"".join(line for line in lines if not _ours(line))
             if kept:
                 os.write(2, kept)
 
@@ -90,6 +99,15 @@ def _start_profiler() -> None:
     _prepare_profiler(config, wrapper.kineto_activities)
     # Only user scopes record op events; memory events are recorded whatever the scopes.
     _enable_profiler(config, wrapper.kineto_activities, {RecordScope.USER_SCOPE})
+
+
+def _profiler_running() -> bool:
+    try:
+        import torch
+
+        return bool(torch._C._autograd._profiler_enabled())
+    except AttributeError:  # an older torch without the query: assume none
+        return False
 
 
 def _cpu_events(result: object) -> list[tuple[int, int, int]]:
@@ -129,6 +147,9 @@ class AllocatorRecord:
 
     def __enter__(self) -> AllocatorRecord:
         if not self.enabled:
+            return self
+        if _profiler_running():
+            self.reason = "another profiler is running, so the CPU allocator's record was not taken"
             return self
         self._quiet = _without_unknown_free_lines()
         self._quiet.__enter__()
