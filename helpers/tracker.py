@@ -204,12 +204,17 @@ class MemoryTracker(TorchDispatchMode):
         self._finalizers: list[weakref.finalize] = []
 
     # -- bookkeeping -----------------------------------------------------
-    def _watch(self, t: torch.Tensor, role: str | None, phase: str) -> None:
-        if self.device_type is not None and t.device.type != self.device_type and not (
-            role == "optimizer_state" and self.device_type == "meta" and t.device.type == "cpu"
+    def _on_device(self, t: torch.Tensor) -> bool:
+        flag = _DEVICE_FLAGS.get(self.device_type)
+        return getattr(t, flag) if flag is not None else t.device.type == self.device_type
+
+    def _watch(self, t: torch.Tensor, role: str | None, phase: str,
+               found: tuple[int, torch.UntypedStorage] | None = None) -> None:
+        if self.device_type is not None and not self._on_device(t) and not (
+            role == "optimizer_state" and self.device_type == "meta" and t.is_cpu
         ):  # on meta, the optimizer's CPU state (Adam's step counters) stands for the real device's
             return
-        found = _storage_key(t)
+        found = found or _storage_key(t)
         if found is None:
             return
         key, st = found
@@ -304,7 +309,7 @@ class MemoryTracker(TorchDispatchMode):
                 if found[0] in inputs:
                     self._ignore(t)  # a view or in-place result of a pre-existing tensor
                     continue
-            self._watch(t, None, phase)
+            self._watch(t, None, phase, found)
         return out
 
     def _kernel_buffers(self, found: int | tuple[int, int], phase: str, t0: int, t1: int) -> None:
@@ -429,6 +434,7 @@ class MemoryTracker(TorchDispatchMode):
         return build_timeline(self.records, self.ops, self.phases, self.marks, released=released)
 
 
+_DEVICE_FLAGS = {"cpu": "is_cpu", "cuda": "is_cuda", "meta": "is_meta"}  # cheaper than t.device.type
 _ACTIVE: list[MemoryTracker] = []  # the trackers inside whose `with` block the code runs
 
 
