@@ -172,7 +172,11 @@ class AllocatorRecord:
         finally:
             self._quiet.__exit__(None, None, None)
             self._quiet = None
-        self.events = _cpu_events(result)
+        try:
+            self.events = _cpu_events(result)
+        except (AttributeError, TypeError, RuntimeError) as err:  # a torch whose event tree differs
+            self.reason = f"the CPU allocator's record could not be read ({type(err).__name__}: {err})"
+            return
         self.recorded = True
 
 

@@ -462,6 +462,12 @@ def plan_model(
             "flash for fp16/bf16 without a mask, else memory-efficient); foreach optimizer; "
             f"{margin:.0%} of the budget kept for context, workspaces and fragmentation (--cuda-margin)"
         )
+        notes.append(
+            "CUDA target: a fused-attention backward's own buffers are assumed, not measured: "
+            "FlashAttention-2 keeps an fp32 dq accumulator and fp32 row sums; the memory-efficient kernel "
+            "fp32 row sums, and fp32 dq, dk, dv accumulators for 16-bit inputs "
+            "(helpers.kernel_buffers.attention_backward_buffer_bytes)"
+        )
     return PlanReport(
         name,
         profiler.n_params,

@@ -59,7 +59,7 @@ import itertools
 import math
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -67,6 +67,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.device import TENSOR_TRACKER
+from helpers.held_outputs import output_tensors, saving_nodes
 
 __all__ = [
     "CATEGORIES", "KernelBuffers", "MemoryTracker", "Timeline", "build_timeline", "release_point",
@@ -392,11 +393,11 @@ class MemoryTracker(TorchDispatchMode):
         (an MSE loss saves its input), autograd holds it until that node has run, so the
         release waits for that node. Returns the bytes marked.
         """
-        tensors = list(_output_tensors(outputs))
+        tensors = list(output_tensors(outputs))
         keys = {k[0] for t in tensors if (k := _storage_key(t)) is not None}
         recs = [rec for key in keys if (rec := self.live.get(key)) is not None and rec.phase != "before"]
         now = time.time_ns()
-        holders = _saving_nodes(loss, tensors, keys) if isinstance(loss, torch.Tensor) else []
+        holders = saving_nodes(loss, tensors, keys) if isinstance(loss, torch.Tensor) else []
         for rec in recs:
             rec.release, rec.release_ns = (math.inf, math.inf) if holders else (self.clock, now)
         if holders and recs:
@@ -482,52 +483,6 @@ def _data_ptr(st: torch.UntypedStorage) -> int:
         return st.data_ptr()
     except (RuntimeError, NotImplementedError):
         return 0
-
-
-def _output_tensors(outputs: object) -> Iterator[torch.Tensor]:
-    """The tensors of a model's outputs: a tensor, a tuple/list/dict of them, or a `ModelOutput`."""
-    if isinstance(outputs, torch.Tensor):
-        yield outputs
-    elif isinstance(outputs, dict):  # Hugging Face's ModelOutput is an OrderedDict
-        for value in outputs.values():
-            yield from _output_tensors(value)
-    elif isinstance(outputs, tuple | list):
-        for value in outputs:
-            yield from _output_tensors(value)
-
-
-def _saved_by(node: object) -> Iterator[torch.Tensor]:
-    """The tensors an autograd node saved for backward (empty once backward has freed them)."""
-    names = [n for n in dir(node) if n.startswith("_saved_")]
-    if hasattr(node, "saved_tensors"):  # a custom autograd.Function
-        names.append("saved_tensors")
-    for name in names:
-        try:
-            value = getattr(node, name)
-        except RuntimeError:  # already freed
-            continue
-        yield from _output_tensors(value)
-
-
-def _saving_nodes(loss: torch.Tensor, outputs: list[torch.Tensor], keys: set[int]) -> list[object]:
-    """The nodes of the loss's graph (after the outputs were made) that saved one of `keys`.
-
-    Only the loss's own nodes are searched: those with a larger sequence number than the
-    outputs' `grad_fn`s, which autograd numbers in the order it creates them.
-    """
-    made = [t.grad_fn._sequence_nr() for t in outputs if t.grad_fn is not None]
-    if loss.grad_fn is None or not made:
-        return []
-    after, seen, todo, found = max(made), set(), [loss.grad_fn], []
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen or node._sequence_nr() <= after:
-            continue
-        seen.add(id(node))
-        if any((k := _storage_key(t)) is not None and k[0] in keys for t in _saved_by(node)):
-            found.append(node)
-        todo.extend(fn for fn, _ in node.next_functions)
-    return found
 
 
 class _GcFreeze:
