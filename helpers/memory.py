@@ -18,11 +18,16 @@ Summing lifetimes gives live bytes after every op: a timeline, its peak, and
 the breakdown at the peak. Storages that existed before tracking began count
 only if they are model state; a batch built before the step is not counted.
 
-On CPU this tracker is the measurement (`method="cpu-tracker"`). On CUDA,
-`measure_step` takes the peak from the caching allocator
-(`torch.cuda.max_memory_allocated`, `method="cuda-allocator"`); the tracker
-supplies the categories, and whatever the allocator holds beyond the tracked
-tensors (block rounding, workspaces) is reported as `other`.
+The total comes from the allocator on every device, the categories from the
+tracker. On CPU, `measure_step` takes the CPU allocator's own record of the same run
+(`helpers.allocator`: every allocation and free, the buffers a kernel allocates inside
+itself included) and splits each live block into the tracker's categories; what no
+tracked storage explains stays in `other`, and `StepMemory.inside_kernels_bytes` says
+how much of it kernels allocated inside themselves (`method="cpu-tracker"`: the
+tracker's categories over the allocator's total). On CUDA it takes the peak from the
+caching allocator (`torch.cuda.max_memory_allocated`, `method="cuda-allocator"`); the
+tracker supplies the categories, and whatever the allocator holds beyond the tracked
+tensors (kernel buffers, workspaces, block rounding) is reported as `other`.
 """
 
 from __future__ import annotations
@@ -35,12 +40,13 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from helpers.allocator import AllocatorRecord, allocator_timeline
 from helpers.device import CPU_TRACKER, CUDA_ALLOCATOR
 from helpers.tracker import CATEGORIES, MemoryTracker, Timeline, tensors_in
 
 __all__ = [
     "CATEGORIES", "FLOOR", "MemoryTracker", "StepMemory", "Timeline", "floor_of", "measure_step",
-    "new_live_bytes", "record_timeline", "run_or_oom", "saved_activation_bytes",
+    "new_live_bytes", "record_timeline", "run_or_oom", "saved_activation_bytes", "tracked_run",
 ]
 
 
@@ -54,12 +60,18 @@ def floor_of(breakdown: dict[str, int]) -> int:
 
 @dataclass
 class StepMemory:
-    """Memory of one step: the peak, what it was made of, and how it was measured."""
+    """Memory of one step: the peak, what it was made of, and how it was measured.
+
+    `inside_kernels_bytes` is the part of `breakdown["other"]` at the peak that kernels
+    allocated inside themselves (on CPU, from the allocator's record; on CUDA, all that
+    the caching allocator held beyond the tracked tensors, rounding included).
+    """
 
     peak_bytes: int
     breakdown: dict[str, int]
     device: str
     method: str
+    inside_kernels_bytes: int = 0
 
     @property
     def floor_bytes(self) -> int:
@@ -91,6 +103,21 @@ def record_timeline(
     return tracker.timeline()
 
 
+def tracked_run(
+    run: Callable[[], object], tracker: MemoryTracker
+) -> Callable[..., Timeline]:
+    """Run `run()` under `tracker`, with the CPU allocator's record when the device is the CPU.
+
+    Returns `timeline(released=False)`: on CPU the allocator-based timeline
+    (`helpers.allocator.allocator_timeline`), elsewhere the tracker's own.
+    """
+    with AllocatorRecord(enabled=tracker.device_type == "cpu") as record, tracker:
+        run()
+    if record.recorded:
+        return lambda released=False: allocator_timeline(tracker, record.events, released=released)
+    return lambda released=False: tracker.timeline(released=released)
+
+
 def measure_step(
     step: Callable[[], object],
     *,
@@ -99,11 +126,20 @@ def measure_step(
 ) -> StepMemory:
     """Run the zero-argument `step()` once and report its peak memory and breakdown.
 
-    `peak_bytes` is the largest live tensor memory on the model's device during
-    the step, counting the parameters, gradients and optimizer state alive at
-    that moment. `breakdown` splits it into `CATEGORIES` and sums to
-    `peak_bytes`. Pass the optimizer that `step` uses, so that its state is
-    recognised. Tensors made before the call (a prepared batch) are not counted.
+    Args:
+        step: runs one training step (forward, backward, maybe the optimizer step).
+        model: the model it trains; its parameters, gradients and buffers are recognised.
+        optimizer: the optimizer `step` uses, so that its state is recognised.
+
+    Returns:
+        A `StepMemory`. `peak_bytes` is the largest memory the allocator held on the
+        model's device during the step, counting the parameters, gradients and optimizer
+        state alive at that moment; on CPU it comes from the CPU allocator's record of
+        this run, on CUDA from the caching allocator. `breakdown` splits it into
+        `CATEGORIES` by the tracker and sums to `peak_bytes`; what no tracked tensor
+        explains is `other`, and `inside_kernels_bytes` says how much of that kernels
+        allocated inside themselves. Tensors made before the call (a prepared batch)
+        are not counted.
     """
     _check_callable(step, "step")
     tracker = MemoryTracker(model=model, optimizer=optimizer)
@@ -113,19 +149,19 @@ def measure_step(
         gc.collect()
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-    with tracker:
-        known_before = tracker.current_bytes
-        step()
-    timeline = tracker.timeline()
-    breakdown = timeline.at(timeline.peak_index)
+    known: list[int] = []
+    timeline = tracked_run(lambda: (known.append(tracker.current_bytes), step()), tracker)()
+    index = timeline.peak_index
+    breakdown = timeline.at(index)
     peak = sum(breakdown.values())
     if device.type != "cuda":
-        return StepMemory(peak, breakdown, str(device), CPU_TRACKER)
+        return StepMemory(peak, breakdown, str(device), CPU_TRACKER, timeline.inside_at(index))
     torch.cuda.synchronize()
-    foreign = max(0, before - known_before)  # tensors the notebook holds elsewhere
+    foreign = max(0, before - known[0])  # tensors the notebook holds elsewhere
     allocator_peak = torch.cuda.max_memory_allocated() - foreign
-    breakdown["other"] += max(0, allocator_peak - peak)
-    return StepMemory(sum(breakdown.values()), breakdown, str(device), CUDA_ALLOCATOR)
+    excess = max(0, allocator_peak - peak)
+    breakdown["other"] += excess
+    return StepMemory(sum(breakdown.values()), breakdown, str(device), CUDA_ALLOCATOR, excess)
 
 
 def new_live_bytes(fn: Callable[[], object]) -> int:

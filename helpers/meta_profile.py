@@ -26,6 +26,17 @@ profile models both for a `target` ("cpu" or "cuda"):
 - **Optimizer implementation.** "cpu" uses the per-parameter loop (CPU's default),
   "cuda" the `foreach` implementation (CUDA's default), whose temporaries cover all
   parameters at once.
+- **Kernels' own buffers.** A fused-attention backward allocates work buffers inside the
+  kernel, which no dispatch-level tracker sees (the CPU allocator does: lesson 09 checks
+  the profile against its record). For each such backward op the profile adds their bytes
+  as "other" for the op's duration (`attention_backward_buffer_bytes`, from the kernels'
+  source: see its docstring for what it assumes for a CUDA target), and names the figure
+  in `StepProfile.kernel_buffer_bytes`.
+
+The profiled update is the explainer's loop as written: `predictions` and `loss` are
+variables, alive until the next micro-step reassigns them and, for the last micro-step,
+through `optimizer.step()`. `StepProfile.released` is the same run as a loop with
+`del predictions` after the loss would hold it.
 
 Mixed precision: `torch.autocast` does not act on meta tensors. `precision="bf16"`
 applies autocast's per-op dtype rule instead (`_AutocastRule`): matmuls, linear
@@ -38,6 +49,7 @@ Parameters, gradients and Adam state stay fp32, as under autocast.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import types
 from collections.abc import Callable, Iterator
@@ -51,10 +63,12 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
 from helpers.checks import ArgTypeError, callable_arg, choice, positive_int
-from helpers.memory import MemoryTracker
+from helpers.kernel_buffers import attention_backward_buffer_bytes, kernel_buffers, rng_states_counted
+from helpers.memory import MemoryTracker, Timeline, tracked_run
 from helpers.models import BlockWrapper
-from helpers.phases import PhasePeaks
+from helpers.phases import PhasePeaks, phase_peaks
 from helpers.planner import MemoryProfile, fit_profile
+from helpers.tracker import release_point
 from helpers.training import OPTIMIZERS, lm_loss, make_optimizer
 
 __all__ = [
@@ -64,6 +78,7 @@ __all__ = [
     "BatchSpec",
     "Profiler",
     "StepProfile",
+    "attention_backward_buffer_bytes",
     "blocks_of",
     "checkpointed_blocks",
 ]
@@ -466,7 +481,12 @@ class StepProfile(PhasePeaks):
     `forward_end_*` is what is alive when the last micro-step's loss exists (before its
     backward); `backward_*` the peak of the backward passes (recomputation included);
     `optimizer_*` the peak inside `optimizer.step()`. `forward_peak_*` is the peak of
-    everything before the step (forward and backward), as `fit_profile` expects.
+    everything before the step (forward and backward), as `fit_profile` expects, and
+    `first_step_*` that of the first micro-step alone (an update of one micro-step).
+    `inside_kernels_bytes` is the part of "other" at the peak that kernels allocated inside
+    themselves (on meta, `kernel_buffer_bytes`: bytes per call of each fused-attention
+    backward, modelled; on a real CPU, the allocator's record). `released` is the same
+    update as a loop with `del predictions` after the loss would hold it.
     """
 
     micro_batch: int
@@ -486,6 +506,11 @@ class StepProfile(PhasePeaks):
     target: str
     precision: str
     kernels: tuple[str, ...] = ()
+    first_step_peak_bytes: int = 0
+    first_step_breakdown: dict[str, int] | None = None
+    inside_kernels_bytes: int = 0
+    kernel_buffer_bytes: dict[str, int] = field(default_factory=dict)
+    released: StepProfile | None = None
 
     @property
     def phases(self) -> dict[str, dict[str, int]]:
@@ -497,11 +522,21 @@ class StepProfile(PhasePeaks):
         }
 
 
-def _peak(timeline: object, indices: list[int]) -> dict[str, int]:
-    total = timeline.total
-    if not indices:
-        return dict.fromkeys(timeline.series, 0)
-    return timeline.at(max(indices, key=total.__getitem__))
+def _step_profile(timeline: Timeline, end_mark: int, fields: dict[str, object]) -> StepProfile:
+    """A `StepProfile` from one timeline of the update (`fields`: the ones that do not come from it)."""
+    total, phases = timeline.total, timeline.phases
+    bwd = [i for i, p in enumerate(phases) if p in ("backward", "recompute")]
+    peaks = phase_peaks(timeline)
+    backward = timeline.at(max(bwd, key=total.__getitem__)) if bwd else dict.fromkeys(timeline.series, 0)
+    end = timeline.at(end_mark)
+    top, fwd, opt, first = peaks["overall"], peaks["forward"], peaks["optimizer"], peaks["first step"]
+    return StepProfile(
+        peak_bytes=top[0], breakdown=dict(top[1]), forward_end_bytes=sum(end.values()),
+        forward_end_breakdown=end, backward_peak_bytes=sum(backward.values()), backward_breakdown=backward,
+        optimizer_peak_bytes=opt[0], optimizer_breakdown=opt[1], forward_peak_bytes=fwd[0],
+        forward_breakdown=fwd[1], first_step_peak_bytes=first[0], first_step_breakdown=first[1],
+        inside_kernels_bytes=top[2], **fields,
+    )
 
 
 @dataclass
@@ -577,21 +612,26 @@ class Profiler:
         tracker: MemoryTracker | None,
         rule: _AutocastRule | None,
     ) -> None:
+        """The explainer's loop as written: `predictions` and `loss` live until reassigned."""
         real_bf16 = self.precision == "bf16" and not self.meta
         autocast = (
             torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16)
             if real_bf16
             else contextlib.nullcontext()
         )
+        k = len(batches)
         self.optimizer.zero_grad(set_to_none=True)
         with checkpointed_blocks(self.model, wrapper):
             for i, (x, y) in enumerate(batches):
                 with autocast, rule.forward() if rule is not None else contextlib.nullcontext():
-                    loss = self.spec.loss(self.model(x), y) / len(batches)
-                if tracker is not None and i == len(batches) - 1:
+                    predictions = self.model(x)
+                    loss = self.spec.loss(predictions, y)
+                release_point(predictions, loss)  # where `del predictions` would drop them
+                if tracker is not None and i == k - 1:
                     tracker.mark("end of forward")
-                loss.backward()
-                del loss
+                (loss / k).backward()
+                if tracker is not None:
+                    tracker.drop_held()  # what autograd kept of this micro-step is gone
         self.optimizer.step()
 
     def step(
@@ -599,19 +639,22 @@ class Profiler:
     ) -> StepProfile:
         """Profile one update of `accumulation_steps` micro-batches of `micro_batch` examples.
 
-        With 2 or more steps the gradients of earlier micro-steps are alive in later
-        forward passes (any accumulation update); the peak is the same for any K >= 2.
-        The first call runs one untracked update so that the optimizer state exists.
+        With 2 or more steps the gradients of earlier micro-steps (and the outputs the
+        loop's `predictions` variable still holds) are alive in later forward passes (any
+        accumulation update); the peak is the same for any K >= 2. The first call runs one
+        untracked update so that the optimizer state exists. On a real CPU the totals come
+        from the CPU allocator's record of the run, the categories from the tracker.
         """
         b = positive_int("micro_batch", micro_batch)
         k = positive_int("accumulation_steps", accumulation_steps)
         key = (b, checkpoint, min(k, 2)) if isinstance(checkpoint, str) and self.meta else None
         if key in self._cache:  # a meta profile is deterministic: the same update gives the same answer
-            return self._cache[key]
+            return dataclasses.replace(self._cache[key], accumulation_steps=k)
         if not (callable(checkpoint) or checkpoint in CHECKPOINTS):
             choice("checkpoint", checkpoint, CHECKPOINTS)
         rule = _AutocastRule(self.target) if self.meta and self.precision == "bf16" else None
         kernels = _TargetKernels(self.target, rule) if self.meta and self.route_attention else None
+        buffers: dict[str, int] = {}
         modes = contextlib.ExitStack()
         with modes:
             if rule is not None:
@@ -623,39 +666,24 @@ class Profiler:
             if not self._warm:
                 self._init_state()
             batches = [self.spec.batch(b, self.device, self.seed + i) for i in range(k)]
-            tracker = MemoryTracker(model=self.model, optimizer=self.optimizer)
+            if self.meta and self.target == "cpu":
+                modes.enter_context(rng_states_counted())
+            own = kernel_buffers(self.target, buffers) if self.meta else None
+            tracker = MemoryTracker(model=self.model, optimizer=self.optimizer, kernel_buffers=own)
             try:
-                with tracker:
-                    self._update(batches, checkpoint, tracker, rule)
+                timeline_of = tracked_run(lambda: self._update(batches, checkpoint, tracker, rule), tracker)
             finally:
                 self.optimizer.zero_grad(set_to_none=True)
-        timeline = tracker.timeline()
-        phases = timeline.phases
-        end = timeline.at(tracker.marks[-1][0])
-        bwd = _peak(timeline, [i for i, p in enumerate(phases) if p in ("backward", "recompute")])
-        opt = _peak(timeline, [i for i, p in enumerate(phases) if p == "optimizer"])
-        fwd = _peak(timeline, [i for i, p in enumerate(phases) if p != "optimizer"])
-        top = fwd if sum(fwd.values()) >= sum(opt.values()) else opt
-        method = f"meta-tracker (target {self.target})" if self.meta else "cpu-tracker"
-        result = StepProfile(
-            b,
-            k,
-            sum(top.values()),
-            dict(top),
-            sum(end.values()),
-            end,
-            sum(bwd.values()),
-            bwd,
-            sum(opt.values()),
-            opt,
-            sum(fwd.values()),
-            fwd,
-            self.device,
-            method,
-            self.target,
-            self.precision,
-            tuple(sorted(kernels.kernels)) if kernels is not None else (),
-        )
+        fields = {
+            "micro_batch": b, "accumulation_steps": k, "device": self.device,
+            "method": f"meta-tracker (target {self.target})" if self.meta else "cpu-tracker",
+            "target": self.target, "precision": self.precision,
+            "kernels": tuple(sorted(kernels.kernels)) if kernels is not None else (),
+            "kernel_buffer_bytes": buffers,
+        }
+        timelines = {released: timeline_of(released) for released in (False, True)}
+        keep, released = (_step_profile(tl, tl.marks[-1][0], fields) for tl in timelines.values())
+        result = dataclasses.replace(keep, released=released)
         if key is not None:
             self._cache[key] = result
         return result

@@ -7,14 +7,21 @@ which phase sets it, because the optimizer step's temporaries can bind at small 
   its breakdown; it reads like a `StepMemory`, so `helpers.planner.fit_profile` takes either.
 - `UpdateMeasurer(model)`: `measurer(b)` measures one accumulation update at micro-batch `b`
   of token sequences, with or without checkpointing (`checkpoint_every_block`).
-- `accumulate_update`: the accumulation loop being measured (the one the notebook teaches).
+- `accumulate_update`: the accumulation loop being measured, the explainer's loop as the
+  notebook writes it: `predictions` and `loss` stay bound until the next micro-step
+  reassigns them, so one micro-step's logits are alive during the next one's forward pass,
+  and the last ones through `optimizer.step()`.
+
+Every `PhaseMemory` from `UpdateMeasurer` also says what the loop with `del predictions`
+after the loss (a loop that keeps no output) would peak at: `PhaseMemory.released`,
+taken from the same run (`helpers.tracker.MemoryTracker.could_release`).
 """
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -22,8 +29,9 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers.checks import callable_arg, positive_int
 from helpers.data import token_batch
-from helpers.memory import MemoryTracker, floor_of
+from helpers.memory import MemoryTracker, Timeline, floor_of, tracked_run
 from helpers.models import GPT, device_of
+from helpers.tracker import release_point
 from helpers.training import lm_loss, make_optimizer
 
 __all__ = [
@@ -32,8 +40,8 @@ __all__ = [
     "accumulate_update",
     "checkpoint_every_block",
     "measure_phases",
+    "phase_peaks",
 ]
-
 
 
 def checkpoint_every_block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -44,10 +52,18 @@ def checkpoint_every_block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def accumulate_update(
     model: nn.Module, optimizer: torch.optim.Optimizer, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
 ) -> None:
-    """One optimizer update from `len(batches)` micro-batches: the loop the notebook teaches."""
+    """One optimizer update from `len(batches)` micro-batches: the loop the notebook teaches, as written.
+
+    `predictions` and `loss` are variables, so each micro-step's outputs stay alive until the
+    next micro-step reassigns them (through its forward pass), and the last ones through
+    `optimizer.step()`. `release_point` only tells a measuring tracker where a loop with
+    `del predictions` would drop them; it changes nothing here.
+    """
     optimizer.zero_grad(set_to_none=True)
     for idx, targets in batches:
-        loss = lm_loss(model(idx), targets)
+        predictions = model(idx)
+        loss = lm_loss(predictions, targets)
+        release_point(predictions, loss)
         (loss / len(batches)).backward()
     optimizer.step()
 
@@ -77,8 +93,15 @@ class PhaseMemory(PhasePeaks):
     """One update's memory, with the peak of each phase.
 
     It reads like a `helpers.memory.StepMemory` (`peak_bytes`, `breakdown`, `device`,
-    `method`, `floor_bytes`), and adds the forward/backward phase's peak and the
-    optimizer step's peak, each with its own breakdown.
+    `method`, `floor_bytes`, `inside_kernels_bytes`), and adds the forward/backward
+    phase's peak and the optimizer step's peak, each with its own breakdown.
+
+    - `first_step_peak_bytes` / `first_step_breakdown`: the peak of the first micro-step
+      (its forward and backward passes), which is what an update of one micro-step (K = 1)
+      peaks at before its optimizer step: no gradients and no earlier outputs exist yet.
+    - `released`: the same update as a loop with `del predictions` after the loss would
+      hold it (the outputs die at their release point), or None if the update marked no
+      release point (`helpers.tracker.release_point`).
     """
 
     peak_bytes: int
@@ -89,6 +112,37 @@ class PhaseMemory(PhasePeaks):
     forward_breakdown: dict[str, int]
     optimizer_peak_bytes: int
     optimizer_breakdown: dict[str, int]
+    first_step_peak_bytes: int = 0
+    first_step_breakdown: dict[str, int] | None = None
+    inside_kernels_bytes: int = 0
+    released: PhaseMemory | None = None
+
+
+def phase_peaks(timeline: Timeline) -> dict[str, tuple[int, dict[str, int], int]]:
+    """(peak bytes, breakdown, inside-kernel bytes) of a timeline's phases of one update.
+
+    Keys: "forward" (everything before the optimizer step), "optimizer" (inside
+    `optimizer.step()`, zeros if it never ran), "first step" (up to the start of the
+    second micro-step's forward pass, or the whole forward phase if there is one), and
+    "overall".
+    """
+    total, phases = timeline.total, timeline.phases
+    second = next((i for i in range(1, len(phases)) if phases[i] == "forward"
+                   and phases[i - 1] in ("backward", "recompute")), len(phases))
+
+    def peak(indices: list[int]) -> tuple[int, dict[str, int], int]:
+        if not indices:
+            return 0, dict.fromkeys(timeline.series, 0), 0
+        i = max(indices, key=total.__getitem__)
+        return total[i], timeline.at(i), timeline.inside_at(i)
+
+    out = {
+        "forward": peak([i for i, p in enumerate(phases) if p != "optimizer"]),
+        "optimizer": peak([i for i, p in enumerate(phases) if p == "optimizer"]),
+        "first step": peak([i for i in range(second) if phases[i] != "optimizer"]),
+    }
+    out["overall"] = max(out["forward"], out["optimizer"], key=lambda v: v[0])
+    return out
 
 
 def measure_phases(
@@ -96,14 +150,22 @@ def measure_phases(
 ) -> PhaseMemory:
     """Run `update()` once (micro-steps, then `optimizer.step()`) and measure both phase peaks.
 
-    The categories come from `helpers.memory.MemoryTracker`; the optimizer phase is
-    what runs inside `optimizer.step()`, the forward phase everything before it
-    (forward and backward passes). On CPU the peaks are the tracker's
-    (`method="cpu-tracker"`); on CUDA they are the caching allocator's
-    `max_memory_allocated`, read just before the step and over the step
-    (`method="cuda-allocator"`), and whatever the allocator holds beyond the tracked
-    tensors is reported as `other`, as `helpers.memory.measure_step` does.
-    Run one update first, so that the optimizer state exists (steady training).
+    Args:
+        update: one whole update (zero-argument). Run one update first, so that the
+            optimizer state exists (steady training).
+        model: the model it trains.
+        optimizer: the optimizer it steps; what runs inside `optimizer.step()` is the
+            optimizer phase, everything before it the forward phase (forward and backward).
+
+    Returns:
+        A `PhaseMemory`. The categories come from `helpers.memory.MemoryTracker`. The
+        totals come from the allocator: on CPU its own record of this run (`method`
+        "cpu-tracker": the tracker's categories over the CPU allocator's total, what no
+        tracked tensor explains in `other`); on CUDA the caching allocator's
+        `max_memory_allocated`, read just before the step and over the step
+        ("cuda-allocator"), whatever it holds beyond the tracked tensors in `other`.
+        If the update marks release points (`accumulate_update` does), `released` is the
+        same run as a loop with `del predictions` would hold it.
     """
     callable_arg("update", update, "a zero-argument callable")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -124,32 +186,42 @@ def measure_phases(
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     handle = optimizer.register_step_pre_hook(before_step)
+    known: list[int] = []
     try:
-        with tracker:
-            known_before = tracker.current_bytes
-            update()
+        timeline_of = tracked_run(lambda: (known.append(tracker.current_bytes), update()), tracker)
     finally:
         handle.remove()
-    timeline = tracker.timeline()
-    total = timeline.total
-    in_opt = [i for i, p in enumerate(timeline.phases) if p == "optimizer"]
-    in_fwd = [i for i, p in enumerate(timeline.phases) if p != "optimizer"]
-    fwd = timeline.at(max(in_fwd, key=total.__getitem__))
-    opt = timeline.at(max(in_opt, key=total.__getitem__)) if in_opt else dict.fromkeys(fwd, 0)
+    peaks = phase_peaks(timeline_of(False))
+    excess = {"forward": 0, "optimizer": 0}
     if cuda:
         torch.cuda.synchronize()
         allocator.setdefault("forward", torch.cuda.max_memory_allocated())
-        allocator["optimizer"] = torch.cuda.max_memory_allocated() if in_opt else 0
-        foreign = max(0, before - known_before)  # tensors the notebook holds elsewhere
-        for breakdown, key in ((fwd, "forward"), (opt, "optimizer")):
-            if key == "optimizer" and not in_opt:
-                continue
-            breakdown["other"] += max(0, allocator[key] - foreign - sum(breakdown.values()))
-    f_peak, o_peak = sum(fwd.values()), sum(opt.values())
-    top = fwd if f_peak >= o_peak else opt
+        allocator["optimizer"] = torch.cuda.max_memory_allocated() if peaks["optimizer"][0] else 0
+        foreign = max(0, before - known[0])  # tensors the notebook holds elsewhere
+        for key in excess:
+            if allocator[key]:
+                excess[key] = max(0, allocator[key] - foreign - peaks[key][0])
     device = str(device_of(model))
     method = "cuda-allocator" if cuda else "cpu-tracker"
-    return PhaseMemory(max(f_peak, o_peak), dict(top), device, method, f_peak, fwd, o_peak, opt)
+    keep = _phase_memory(peaks, excess, device, method)
+    if not any(rec.release != float("inf") for rec in tracker.records):
+        return keep
+    return replace(keep, released=_phase_memory(phase_peaks(timeline_of(True)), excess, device, method))
+
+
+def _phase_memory(peaks: dict[str, tuple[int, dict[str, int], int]], excess: dict[str, int],
+                  device: str, method: str) -> PhaseMemory:
+    """A `PhaseMemory` from `phase_peaks`, with the CUDA allocator's excess per phase added to `other`."""
+    found = {}
+    for key, extra in (("forward", excess["forward"]), ("optimizer", excess["optimizer"]),
+                       ("first step", excess["forward"])):
+        total, breakdown, inside = peaks[key]
+        breakdown = {**breakdown, "other": breakdown["other"] + extra}
+        found[key] = (total + extra, breakdown, inside + extra)
+    fwd, opt, first = found["forward"], found["optimizer"], found["first step"]
+    top = fwd if fwd[0] >= opt[0] else opt
+    return PhaseMemory(top[0], dict(top[1]), device, method, fwd[0], fwd[1], opt[0], opt[1],
+                       first[0], first[1], top[2])
 
 
 class UpdateMeasurer:
@@ -158,9 +230,11 @@ class UpdateMeasurer:
     It keeps one optimizer (a name in `OPTIMIZERS`, or an existing optimizer of `model`
     to share), warmed up once so that its state exists, and sets `model.block_wrapper`
     to `checkpoint_every_block` while measuring when `checkpointed` is true. With
-    `steps >= 2` the gradients of the previous micro-steps are alive during each
+    `steps >= 2` the gradients of the previous micro-steps (and the previous micro-step's
+    outputs, which the loop's `predictions` variable still holds) are alive during each
     forward pass, as in any accumulation update; the peak is then the same for every
-    number of steps.
+    number of steps, and the first micro-step's peak (`PhaseMemory.first_step_peak_bytes`)
+    is that of an update of one micro-step.
     """
 
     def __init__(self, model: GPT, *, checkpointed: bool = False,

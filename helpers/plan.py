@@ -265,6 +265,14 @@ class PlanReport:
     remedies: dict[str, float]
     seconds: float
     notes: list[str] = field(default_factory=list)
+    released_peak_bytes: int | None = None
+
+    @property
+    def predicted_peak_bytes(self) -> int | None:
+        """The plan's peak: the larger of the fitted prediction and the full profile of that configuration."""
+        if self.plan is None:
+            return None
+        return max(self.plan.predicted_peak_bytes, self.checked_peak_bytes or 0)
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict (bytes as ints)."""
@@ -284,6 +292,7 @@ class PlanReport:
                 "activation_bytes_per_example": round(p.activation_bytes_per_example),
                 "other_bytes_per_example": round(p.other_bytes_per_example),
                 "optimizer_peak_bytes": round(p.optimizer_peak_bytes),
+                "held_output_bytes_per_example": round(p.held_output_bytes_per_example),
             }
             for mode, p in self.profiles.items()
         }
@@ -294,8 +303,12 @@ class PlanReport:
                 "micro_batch": self.plan.micro_batch,
                 "accumulation_steps": self.plan.accumulation_steps,
                 "checkpoint": self.plan.checkpoint,
-                "predicted_peak_bytes": self.plan.predicted_peak_bytes,
+                "predicted_peak_bytes": self.predicted_peak_bytes,
+                "fitted_peak_bytes": self.plan.predicted_peak_bytes,
                 "checked_peak_bytes": self.checked_peak_bytes,
+                "del_predictions_peak_bytes": self.released_peak_bytes,
+                "del_predictions_saves_bytes": None if self.released_peak_bytes is None
+                else self.predicted_peak_bytes - self.released_peak_bytes,
                 "reason": self.plan.reason,
             }
         )
@@ -308,6 +321,7 @@ class PlanReport:
             "precision": self.precision,
             "attention_kernels": list(self.kernels),
             "method": "meta-tracker",
+            "loop": "the explainer's loop as written (predictions alive until the next micro-step)",
             "step_at_micro_batch_1": steps,
             "profiles": prof,
             "budget_bytes": round(self.budget_bytes),
@@ -342,8 +356,12 @@ class PlanReport:
             lines.append(
                 f"{mode:>6s}: floor {_fmt(p.floor_bytes)}, "
                 f"activations {_fmt(p.activation_bytes_per_example)} "
-                f"per example, optimizer-step peak {_fmt(p.optimizer_peak_bytes)}"
+                f"per example ({_fmt(p.held_output_bytes_per_example)} of it held by `predictions`), "
+                f"optimizer-step peak {_fmt(p.optimizer_peak_bytes)}"
             )
+        buffers = {k: v for s in self.steps.values() for k, v in s.kernel_buffer_bytes.items()}
+        for kernel, n in sorted(buffers.items()):
+            lines.append(f"{kernel} attention backward: {_fmt(n)} of its own buffers per call (other)")
         lines.append("")
         margin = margin_line(self.budget_bytes, self.usable_bytes)
         lines.append(f"{margin}; effective batch {self.effective_batch}")
@@ -351,10 +369,18 @@ class PlanReport:
             checked = (
                 ""
                 if self.checked_peak_bytes is None
-                else f", profiled again: {_fmt(self.checked_peak_bytes)}"
+                else f"; profiled again: {_fmt(self.checked_peak_bytes)}"
             )
-            lines.append(f"PLAN: {self.plan.describe()}{checked}")
+            lines.append(f"PLAN: {self.plan.describe().split(' (predicted')[0]} (predicted peak "
+                         f"{_fmt(self.predicted_peak_bytes)}, the larger of the fit's "
+                         f"{_fmt(self.plan.predicted_peak_bytes)}{checked})")
             lines.append(f"  {self.plan.reason}")
+            if self.released_peak_bytes is not None:
+                lines.append(
+                    f"  with `del predictions` after the loss: peak {_fmt(self.released_peak_bytes)}, saves "
+                    f"{_fmt(self.predicted_peak_bytes - self.released_peak_bytes)} (the plan is for the loop "
+                    "as written, whose `predictions` variable holds the outputs until the next micro-step)"
+                )
         else:
             lines.append(f"NO PLAN: {self.refusal}")
         lines.append("")
@@ -399,6 +425,17 @@ def _remedies(
     return out
 
 
+def _plan(profiles: dict[str, MemoryProfile], usable: float, effective_batch: int,
+          min_micro_batch: int) -> tuple[Plan | None, str]:
+    """The planner's choice for these profiles, or None and the refusal."""
+    try:
+        plan = recommend(usable, effective_batch, profiles["plain"], profiles.get("checkpointed"),
+                         min_micro_batch=min_micro_batch)
+    except ValueError as err:
+        return None, str(err)
+    return plan, ""
+
+
 def plan_model(
     profiler: Profiler,
     *,
@@ -416,7 +453,11 @@ def plan_model(
     without it; "none" keeps it off. For a CUDA target the planner keeps
     `cuda_margin` (a fraction) of the budget free for what tensors do not show: the
     CUDA context, cuBLAS/cuDNN workspaces and the caching allocator's fragmentation.
-    With `check`, the chosen configuration is profiled again in full.
+    With `check`, the chosen configuration is profiled again in full, and the report's
+    predicted peak is the larger of the two (if the full profile is higher and over the
+    budget, the profile is raised by the difference and the plan made again). The plan is
+    for the explainer's loop as written; `released_peak_bytes` is the same configuration
+    with `del predictions` after the loss.
     """
     if not isinstance(profiler, Profiler):
         raise ArgTypeError(f"profiler must be a helpers.meta_profile.Profiler, got {type(profiler).__name__}")
@@ -430,23 +471,27 @@ def plan_model(
     for mode, ck in modes.items():
         profiles[mode] = profiler.memory_profile(ck, (1, 2))
         steps[mode] = profiler.step(1, checkpoint=ck)
-    plan, refusal, checked = None, "", None
-    try:
-        plan = recommend(
-            usable,
-            effective_batch,
-            profiles["plain"],
-            profiles.get("checkpointed"),
-            min_micro_batch=min_micro_batch,
-        )
-    except ValueError as err:
-        refusal = str(err)
-    if plan is not None and check:
-        checked = profiler.step(
-            plan.micro_batch,
-            checkpoint="blocks" if plan.checkpoint else "none",
-            accumulation_steps=min(plan.accumulation_steps, 2),
-        ).peak_bytes
+    plan, refusal, checked, released = None, "", None, None
+    for _ in range(4):  # a plan is never below its own full profile: raise the fit and replan if it was
+        plan, refusal = _plan(profiles, usable, effective_batch, min_micro_batch)
+        if plan is None or not check:
+            break
+        mode = "checkpointed" if plan.checkpoint else "plain"
+        full = profiler.step(plan.micro_batch, checkpoint="blocks" if plan.checkpoint else "none",
+                             accumulation_steps=min(plan.accumulation_steps, 2))
+        checked, released = full.peak_bytes, full.released.peak_bytes if full.released else None
+        short = checked - plan.predicted_peak_bytes
+        if short <= 0 or checked <= usable:
+            break
+        profiles[mode] = dataclasses.replace(profiles[mode], other_bytes=profiles[mode].other_bytes + short)
+    if plan is not None and checked is not None and checked > usable:
+        refusal = (f"the best configuration the fit found, {plan.describe()}, peaks at {checked} bytes when "
+                   f"profiled in full, over the {round(usable)} bytes available")
+        plan, checked, released = None, None, None
+    if plan is not None and not check:
+        k = plan.accumulation_steps
+        released = profiles["checkpointed" if plan.checkpoint else "plain"].predict_peak(
+            plan.micro_batch, accumulation_steps=k, keep_output=False)
     b = plan.micro_batch if plan is not None else 1
     kernels = tuple(sorted({k for s in steps.values() for k in s.kernels}))
     notes = []
@@ -459,6 +504,12 @@ def plan_model(
             "other than the assumed ones (inside torch.cuda.max_memory_allocated), fragmentation "
             "(memory_reserved minus memory_allocated) and the CUDA context (outside the allocator; "
             "nvidia-smi shows it)"
+        )
+        notes.append(
+            "CUDA target: a fused-attention backward's own buffers are assumed, not measured: "
+            "FlashAttention-2 keeps an fp32 dq accumulator and fp32 row sums; the memory-efficient kernel "
+            "fp32 row sums, and fp32 dq, dk, dv accumulators for 16-bit inputs "
+            "(helpers.kernel_buffers.attention_backward_buffer_bytes)"
         )
     if profiler.optimizer_name in ("adam", "adamw"):
         notes.extend(f"{name}: {caveat}" for name, caveat in CAVEATS.items())
@@ -482,6 +533,7 @@ def plan_model(
         _remedies(steps, profiles, b, profiler.optimizer_name),
         time.perf_counter() - start,
         notes,
+        released,
     )
 
 
@@ -519,7 +571,12 @@ def preset_profile(
         )
         fits.append(profiler.memory_profile(checkpoint, (1, 2)))
     one, two = fits
-    n = cfg.n_layers
+    method = f"meta-tracker (target {target}), blocks extrapolated"
+    return _extrapolated(one, two, cfg.n_layers, method=method, label=f"{name} {checkpoint}")
+
+
+def _extrapolated(one: MemoryProfile, two: MemoryProfile, n: int, **names: str) -> MemoryProfile:
+    """The profile of `n` blocks from those of 1 and 2 blocks: every figure on its straight line."""
 
     def line(attr: str) -> float:
         a, b = getattr(one, attr), getattr(two, attr)
@@ -528,16 +585,14 @@ def preset_profile(
     numbers = {
         f.name: line(f.name)
         for f in dataclasses.fields(MemoryProfile)
-        if f.name not in ("method", "micro_batches", "label")
+        if f.name not in ("method", "micro_batches", "label", "released")
     }
     numbers["floor_bytes"] = round(numbers["floor_bytes"])
     numbers["gradient_bytes"] = round(numbers["gradient_bytes"])
-    return MemoryProfile(
-        **numbers,
-        method=f"meta-tracker (target {target}), blocks extrapolated",
-        micro_batches=one.micro_batches,
-        label=f"{name} {checkpoint}",
-    )
+    released = None
+    if one.released is not None and two.released is not None:
+        released = _extrapolated(one.released, two.released, n, **names)
+    return MemoryProfile(**numbers, micro_batches=one.micro_batches, released=released, **names)
 
 
 def gpt_param_count(cfg: GPTConfig) -> int:

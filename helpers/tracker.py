@@ -32,26 +32,53 @@ claimed on entry; a parameter's `.grad` is claimed by a post-accumulate-grad hoo
 with no role is an activation if it was born in forward or recompute, and "other"
 (temporaries of backward and of the optimizer step) otherwise. So what checkpointing
 rebuilds during backward counts as activations, as it should: it is the same memory.
+
+Times and addresses. Each op's time window (`time.time_ns()` before and after it) and
+each new storage's address are kept, so that `helpers.allocator` can match the CPU
+allocator's own record of the same run to these storages: what the allocator holds
+that no storage explains was allocated inside a kernel.
+
+Release points. `could_release(outputs, loss)` marks the op at which a loop with
+`del predictions` right after the loss would drop the model's outputs (autograd may
+still hold them, if the loss saved them for backward: then they go when that node has
+run). `timeline(released=True)` lets those storages die there, which is the loop that
+keeps no output, measured in the same run as the loop as written.
+
+Kernel buffers. A `kernel_buffers(func, args, kwargs, out)` callback may say how many
+bytes an op allocates inside itself and frees before it returns (which no dispatch
+mode can see). The tracker counts them as "other" for that op only, and keeps them
+apart in `Timeline.inside_kernels`. It may also return (inside, held): `held` bytes
+are "other" from this op until `drop_held()` (what autograd keeps of the op that the
+dispatch mode cannot see). `helpers.meta_profile` uses it on the meta device.
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
 import math
+import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from helpers.device import TENSOR_TRACKER
+from helpers.held_outputs import output_tensors, saving_nodes
 
-__all__ = ["CATEGORIES", "MemoryTracker", "Timeline", "build_timeline", "tensors_in"]
+__all__ = [
+    "CATEGORIES", "KernelBuffers", "MemoryTracker", "Timeline", "build_timeline", "release_point",
+    "tensors_in",
+]
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
+
+# kernel_buffers(func, args, kwargs, out) -> bytes the op allocates inside itself and frees before
+# returning, or (those bytes, bytes it leaves held until MemoryTracker.drop_held())
+KernelBuffers = Callable[[object, tuple, dict, object], int | tuple[int, int]]
 
 
 @dataclass
@@ -63,6 +90,7 @@ class Timeline:
     series: dict[str, list[int]]
     marks: list[tuple[int, str]] = field(default_factory=list)
     method: str = TENSOR_TRACKER
+    inside_kernels: list[int] = field(default_factory=list)  # of "other": bytes allocated inside kernels
 
     @property
     def total(self) -> list[int]:
@@ -79,6 +107,10 @@ class Timeline:
         """Breakdown by category after op `index`."""
         return {name: values[index] for name, values in self.series.items()}
 
+    def inside_at(self, index: int) -> int:
+        """Bytes of "other" after op `index` that a kernel allocated inside itself (0 if unknown)."""
+        return self.inside_kernels[index] if self.inside_kernels else 0
+
 
 @dataclass
 class _Record:
@@ -87,13 +119,33 @@ class _Record:
     died: float = math.inf
     role: str | None = None  # fixed category, or None to decide by phase
     phase: str = "forward"
+    ptr: int = 0  # the storage's address when it was born
+    born_nbytes: int = 0  # its size then (a storage resized in place grows later)
+    born_ns: int = 0
+    died_ns: float = math.inf
+    release: float = math.inf  # op at which a `del predictions` loop drops it
+    release_ns: float = math.inf
+    inside: bool = False  # a kernel's own buffer (declared by `kernel_buffers`)
+
+    def end(self, released: bool = False) -> float:
+        """The op after which it is gone: when it died, or its release point if earlier."""
+        return min(self.died, self.release) if released else self.died
 
 
-def tensors_in(tree: object) -> Iterator[torch.Tensor]:
+def tensors_in(tree: object) -> list[torch.Tensor]:
     """Every tensor in a nested structure (tuples, lists, dicts) of op arguments or results."""
-    for leaf in tree_flatten(tree)[0]:
-        if isinstance(leaf, torch.Tensor):
-            yield leaf
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    found, todo = [], [tree]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, tuple | list):
+            todo.extend(reversed(item))
+        elif isinstance(item, dict):
+            todo.extend(reversed(item.values()))
+    return found
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, torch.UntypedStorage] | None:
@@ -120,6 +172,7 @@ class MemoryTracker(TorchDispatchMode):
         model: nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         device: torch.device | str | None = None,
+        kernel_buffers: KernelBuffers | None = None,
     ) -> None:
         super().__init__()
         if model is not None and not isinstance(model, nn.Module):
@@ -140,17 +193,29 @@ class MemoryTracker(TorchDispatchMode):
         self.clock = 0
         self.ops = ["start"]
         self.phases = ["start"]
+        self.windows: list[tuple[int, int]] = [(0, 0)]  # time.time_ns() before and after each op
         self.marks: list[tuple[int, str]] = []
+        self.mark_ns: list[int] = []
         self.current_bytes = 0
+        self.kernel_buffers = kernel_buffers
+        self._held: list[_Record] = []
         self._in_optimizer = False
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._node_hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._finalizers: list[weakref.finalize] = []
 
     # -- bookkeeping -----------------------------------------------------
-    def _watch(self, t: torch.Tensor, role: str | None, phase: str) -> None:
-        if self.device_type is not None and t.device.type != self.device_type:
+    def _on_device(self, t: torch.Tensor) -> bool:
+        flag = _DEVICE_FLAGS.get(self.device_type)
+        return getattr(t, flag) if flag is not None else t.device.type == self.device_type
+
+    def _watch(self, t: torch.Tensor, role: str | None, phase: str,
+               found: tuple[int, torch.UntypedStorage] | None = None) -> None:
+        if self.device_type is not None and not self._on_device(t) and not (
+            role == "optimizer_state" and self.device_type == "meta" and t.is_cpu
+        ):  # on meta, the optimizer's CPU state (Adam's step counters) stands for the real device's
             return
-        found = _storage_key(t)
+        found = found or _storage_key(t)
         if found is None:
             return
         key, st = found
@@ -164,10 +229,26 @@ class MemoryTracker(TorchDispatchMode):
                 self.current_bytes += st.nbytes() - rec.nbytes
                 rec.nbytes = st.nbytes()
             return
-        rec = _Record(nbytes=st.nbytes(), born=self.clock, role=role, phase=phase)
+        n = st.nbytes()
+        rec = _Record(nbytes=n, born=self.clock, role=role, phase=phase, ptr=_data_ptr(st), born_nbytes=n,
+                      born_ns=time.time_ns())
         self.live[key] = rec
         self.current_bytes += rec.nbytes
         self._finalizers.append(weakref.finalize(st, self._freed, key, rec))
+
+    def watch(self, t: torch.Tensor, role: str) -> None:
+        """Count `t`'s storage from now on as `role` (one of `CATEGORIES`), on whatever device it is.
+
+        For tensors made outside any op, which the dispatch mode cannot see (the random-number
+        state `torch.utils.checkpoint` saves, for instance). Its lifetime is tracked as usual.
+        """
+        if role not in CATEGORIES:
+            raise ValueError(f"role must be one of {CATEGORIES}, got {role!r}")
+        device_type, self.device_type = self.device_type, None
+        try:
+            self._watch(t, role, self._phase())
+        finally:
+            self.device_type = device_type
 
     def _ignore(self, t: torch.Tensor) -> None:
         """Remember a storage that existed before tracking, without counting it."""
@@ -182,6 +263,7 @@ class MemoryTracker(TorchDispatchMode):
         if self.live.get(key) is rec:
             del self.live[key]
         rec.died = self.clock
+        rec.died_ns = time.time_ns()
         self.current_bytes -= rec.nbytes
         self.finished.append(rec)
 
@@ -207,26 +289,54 @@ class MemoryTracker(TorchDispatchMode):
     # -- TorchDispatchMode -------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
+        t0 = time.time_ns()
         out = func(*args, **kwargs)
-        inputs = {k[0] for t in tensors_in((args, kwargs)) if (k := _storage_key(t)) is not None}
+        t1 = time.time_ns()
         self.clock += 1
         phase = self._phase()
         self.ops.append(func.overloadpacket.__name__)
         self.phases.append(phase)
+        self.windows.append((t0, t1))
+        if self.kernel_buffers is not None:
+            self._kernel_buffers(self.kernel_buffers(func, args, kwargs, out), phase, t0, t1)
+        inputs = None
         for t in tensors_in(out):
             found = _storage_key(t)
             if found is None:
                 continue
-            if found[0] in inputs and found[0] not in self.live:
-                self._ignore(t)  # a view or in-place result of a pre-existing tensor
-            else:
-                self._watch(t, None, phase)
+            if found[0] not in self.live:
+                if inputs is None:
+                    inputs = {k[0] for a in tensors_in((args, kwargs)) if (k := _storage_key(a)) is not None}
+                if found[0] in inputs:
+                    self._ignore(t)  # a view or in-place result of a pre-existing tensor
+                    continue
+            self._watch(t, None, phase, found)
         return out
+
+    def _kernel_buffers(self, found: int | tuple[int, int], phase: str, t0: int, t1: int) -> None:
+        inside, held = found if isinstance(found, tuple) else (found, 0)
+        if inside > 0:  # allocated and freed inside this op: alive only while it runs
+            self.finished.append(_Record(nbytes=inside, born=self.clock, died=self.clock, role="other",
+                                         phase=phase, born_ns=t0, died_ns=t1, inside=True))
+        if held > 0:
+            rec = _Record(nbytes=held, born=self.clock, role="other", phase=phase, born_ns=t0)
+            self._held.append(rec)
+            self.finished.append(rec)
+            self.current_bytes += held
+
+    def drop_held(self) -> None:
+        """End the bytes that `kernel_buffers` said ops hold (their lifetime ends here)."""
+        for rec in self._held:
+            rec.died, rec.died_ns = self.clock, time.time_ns()
+            self.current_bytes -= rec.nbytes
+        self._held.clear()
 
     def __enter__(self) -> MemoryTracker:
         # Objects that exist now are moved out of the collector's sight, so the
         # collections below only scan what the tracked region creates (fast).
         _freeze_gc()
+        now = time.time_ns()
+        self.windows[0] = (now, now)
         if self.model is not None:
             for p in self.model.parameters():
                 self._watch(p, "parameters", "before")
@@ -239,14 +349,17 @@ class MemoryTracker(TorchDispatchMode):
             self._handles.append(self.optimizer.register_step_pre_hook(self._opt_pre))
             self._handles.append(self.optimizer.register_step_post_hook(self._opt_post))
         self._mark_state()
+        _ACTIVE.append(self)
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
+        _ACTIVE.remove(self)
         self._mark_state()
-        for h in self._handles:
+        for h in [*self._handles, *self._node_hooks]:
             h.remove()
         self._handles.clear()
+        self._node_hooks.clear()
         # Record what is already garbage, then stop watching: the finalizers would
         # otherwise keep this tracker alive as long as the model's parameters.
         gc.collect()
@@ -267,7 +380,37 @@ class MemoryTracker(TorchDispatchMode):
         """Remember the current point of the timeline under `label`; return live bytes."""
         gc.collect()
         self.marks.append((self.clock, label))
+        self.mark_ns.append(time.time_ns())
         return self.current_bytes
+
+    def could_release(self, outputs: object, loss: torch.Tensor | None = None) -> int:
+        """Mark this point as where a loop with `del predictions` would drop `outputs`.
+
+        Call it right after the loss is computed, with the model's outputs (a tensor, or a
+        structure of tensors such as a tuple or a `ModelOutput`) and the loss. The loop as
+        written keeps them until its variable is reassigned; `timeline(released=True)` lets
+        them die here instead. If the loss's own graph saved one of them for backward
+        (an MSE loss saves its input), autograd holds it until that node has run, so the
+        release waits for that node. Returns the bytes marked.
+        """
+        tensors = list(output_tensors(outputs))
+        keys = {k[0] for t in tensors if (k := _storage_key(t)) is not None}
+        recs = [rec for key in keys if (rec := self.live.get(key)) is not None and rec.phase != "before"]
+        now = time.time_ns()
+        holders = saving_nodes(loss, tensors, keys) if isinstance(loss, torch.Tensor) else []
+        for rec in recs:
+            rec.release, rec.release_ns = (math.inf, math.inf) if holders else (self.clock, now)
+        if holders and recs:
+            pending = [len(holders)]
+
+            def ran(*_: object) -> None:  # a saving node ran: autograd drops its saved tensors now
+                pending[0] -= 1
+                if pending[0] == 0:
+                    for rec in recs:
+                        rec.release, rec.release_ns = self.clock, time.time_ns()
+
+            self._node_hooks.extend(node.register_hook(ran) for node in holders)
+        return sum(rec.nbytes for rec in recs)
 
     def new_live_bytes(self, exclude: Iterable[torch.Tensor] = ()) -> int:
         """Bytes of storages created inside the region and still alive (at exit, if exited)."""
@@ -278,9 +421,32 @@ class MemoryTracker(TorchDispatchMode):
             if rec.phase != "before" and rec.role is None and key not in skip
         )
 
-    def timeline(self) -> Timeline:
-        """Live bytes by category after every op seen so far."""
-        return build_timeline([*self.live.values(), *self.finished], self.ops, self.phases, self.marks)
+    @property
+    def records(self) -> list[_Record]:
+        """Every storage seen so far: those still alive, then those freed."""
+        return [*self.live.values(), *self.finished]
+
+    def timeline(self, *, released: bool = False) -> Timeline:
+        """Live bytes by category after every op seen so far.
+
+        With `released`, storages marked by `could_release` die at their release point:
+        the same run, as a loop with `del predictions` after the loss would hold it.
+        """
+        return build_timeline(self.records, self.ops, self.phases, self.marks, released=released)
+
+
+_DEVICE_FLAGS = {"cpu": "is_cpu", "cuda": "is_cuda", "meta": "is_meta"}  # cheaper than t.device.type
+_ACTIVE: list[MemoryTracker] = []  # the trackers inside whose `with` block the code runs
+
+
+def release_point(outputs: object, loss: torch.Tensor | None = None) -> None:
+    """Tell every active tracker: a loop with `del predictions` would drop `outputs` here.
+
+    A measured training loop calls it right after computing the loss; it changes nothing
+    in the loop, and does nothing when no tracker is active (see `MemoryTracker.could_release`).
+    """
+    for tracker in _ACTIVE:
+        tracker.could_release(outputs, loss)
 
 
 def _category(rec: _Record) -> str:
@@ -290,26 +456,33 @@ def _category(rec: _Record) -> str:
 
 
 def build_timeline(
-    records: Iterable[_Record], ops: list[str], phases: list[str], marks: list[tuple[int, str]]
+    records: Iterable[_Record], ops: list[str], phases: list[str], marks: list[tuple[int, str]], *,
+    released: bool = False,
 ) -> Timeline:
-    """Live bytes by category after each of `ops`, from storage lifetimes (a pure function)."""
+    """Live bytes by category after each of `ops`, from storage lifetimes (a pure function).
+
+    With `released`, a record dies at its release point when that comes first (`_Record.end`).
+    """
     n = len(ops)
-    diffs = {name: [0] * (n + 1) for name in CATEGORIES}
+    diffs = {name: [0] * (n + 1) for name in (*CATEGORIES, "inside")}
     for rec in records:
         if rec.nbytes == 0:
             continue
-        end = n if rec.died == math.inf else int(rec.died) + 1
-        d = diffs[_category(rec)]
-        d[rec.born] += rec.nbytes
-        d[min(end, n)] -= rec.nbytes
-    series = {}
-    for name, d in diffs.items():
-        running, values = 0, []
-        for i in range(n):
-            running += d[i]
-            values.append(running)
-        series[name] = values
-    return Timeline(list(ops), list(phases), series, list(marks))
+        died = rec.end(released)
+        end = n if died == math.inf else int(died) + 1
+        for name in (_category(rec), "inside") if rec.inside else (_category(rec),):
+            diffs[name][rec.born] += rec.nbytes
+            diffs[name][min(end, n)] -= rec.nbytes
+    series = {name: list(itertools.accumulate(d[:n])) for name, d in diffs.items()}
+    inside = series.pop("inside")
+    return Timeline(list(ops), list(phases), series, list(marks), inside_kernels=inside)
+
+
+def _data_ptr(st: torch.UntypedStorage) -> int:
+    try:
+        return st.data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
 
 
 class _GcFreeze:

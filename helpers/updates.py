@@ -6,9 +6,15 @@
   and `plot_measured_table()` draws such rows.
 - `breakdown_for()` and `activation_sweep()` measure the breakdown at several
   micro-batch sizes (an OOM becomes None); `linear_fit()` fits a line and its R².
-- `activation_bytes_per_example()` and `predicted_update_peak_bytes()` are the
-  formulas lesson 01 checks against those measurements, and that the scale tests
-  use to size each lesson for a GPU class.
+- `activation_bytes_per_example()`, `held_logits_bytes_per_example()` and
+  `predicted_update_peak_bytes()` are the formulas lesson 01 checks against those
+  measurements, and that the scale tests use to size each lesson for a GPU class.
+
+The measured update is the explainer's loop as written: `predictions = model(idx)` and
+`loss = ...` are variables, so the logits stay alive until the next micro-step reassigns
+them, through the next forward pass and, for the last micro-step, through the optimizer
+step. At the peak (the start of a backward pass) the activations are what autograd saved
+plus those held logits.
 """
 
 from __future__ import annotations
@@ -23,12 +29,13 @@ from helpers.checks import choice, instance_arg, int_at_least, positive_int
 from helpers.data import token_batch
 from helpers.memory import StepMemory, measure_step, run_or_oom
 from helpers.models import GPT, BlockWrapper, GPTConfig, device_of
+from helpers.tracker import release_point
 from helpers.training import OPTIMIZERS, STATE_PER_PARAM, lm_loss, make_optimizer
 
 __all__ = [
     "BUDGET_LABEL", "FP32", "ConfigMemory", "LinearFit", "activation_bytes_per_example", "activation_sweep",
-    "breakdown_for", "linear_fit", "measure_config", "measure_update", "param_counts", "plot_measured_table",
-    "predicted_update_peak_bytes",
+    "breakdown_for", "held_logits_bytes_per_example", "linear_fit", "measure_config", "measure_update",
+    "param_counts", "plot_measured_table", "predicted_update_peak_bytes",
 ]
 
 FP32 = 4  # bytes per float32 element
@@ -69,6 +76,17 @@ def activation_bytes_per_example(cfg: GPTConfig) -> int:
     return FP32 * elements
 
 
+def held_logits_bytes_per_example(cfg: GPTConfig) -> int:
+    """Float32 bytes per example of the logits that the loop's `logits` variable holds: s V floats.
+
+    Autograd does not keep the logits (the loss's log-softmax keeps its own output), but
+    the loop's variable does, until the next micro-step reassigns it; at the peak of an
+    update they sit beside the saved activations.
+    """
+    _check_formula_config(cfg)
+    return FP32 * cfg.seq_len * cfg.vocab_size
+
+
 def param_counts(cfg: GPTConfig) -> tuple[int, int]:
     """(parameter elements, parameter tensors) of GPT(cfg), built on the meta device (no memory)."""
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
@@ -84,9 +102,10 @@ def predicted_update_peak_bytes(cfg: GPTConfig, micro_batch: int, *, optimizer: 
     The peak comes at the start of the last micro-step's backward: parameters,
     gradients (alive from the second micro-step on), optimizer state (`STATE_PER_PARAM`
     parameter-sized tensors; Adam also a 4-byte step counter per parameter tensor), the micro-batch's
-    activations (`activation_bytes_per_example`), and, as "other", the gradient of
-    the logits and of their log-softmax (2 sV floats per example) and the causal
-    masks (L s^2 bytes). On a GPU the caching allocator adds rounding, and Adam's
+    activations (`activation_bytes_per_example`), the logits the loop's variable holds
+    (`held_logits_bytes_per_example`, counted with the activations), and, as "other", the
+    gradient of the logits and of their log-softmax (2 sV floats per example) and the
+    causal masks (L s^2 bytes). On a GPU the caching allocator adds rounding, and Adam's
     step counters live on the CPU.
     """
     positive_int("micro_batch", micro_batch)
@@ -99,7 +118,7 @@ def predicted_update_peak_bytes(cfg: GPTConfig, micro_batch: int, *, optimizer: 
     state = STATE_PER_PARAM[optimizer] * p + counters
     grads = p if steps >= 2 else 0
     s, v = cfg.seq_len, cfg.vocab_size
-    per_example = activation_bytes_per_example(cfg) + 2 * FP32 * s * v
+    per_example = activation_bytes_per_example(cfg) + held_logits_bytes_per_example(cfg) + 2 * FP32 * s * v
     fixed = 8 * s + 2 * FP32 + cfg.n_layers * s * s  # positions (int64), loss scalars, causal masks
     return p + grads + state + micro_batch * per_example + fixed
 
@@ -132,7 +151,9 @@ def measure_update(
     A first, unmeasured update of one micro-step creates the optimizer state,
     as in steady training. The measured update then runs `steps` forward/backward
     passes on `loss / steps`, followed by one optimizer step, so from the second
-    micro-step on the gradients are alive next to the activations.
+    micro-step on the gradients are alive next to the activations. It is the
+    explainer's loop as written: `predictions` and `loss` stay bound until the next
+    micro-step reassigns them, and the last ones through the optimizer step.
     `block_wrapper` (for example a checkpoint call) is set on the model for the
     duration.
 
@@ -154,7 +175,10 @@ def measure_update(
     def update(micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         opt.zero_grad(set_to_none=True)
         for idx, targets in micro_batches:
-            (lm_loss(model(idx), targets) / steps).backward()
+            predictions = model(idx)
+            loss = lm_loss(predictions, targets)
+            release_point(predictions, loss)  # where `del predictions` would drop them; changes nothing
+            (loss / steps).backward()
         opt.step()
 
     try:

@@ -15,6 +15,11 @@ warm-up call, then a timed call per case, in a fresh subprocess, at the lessons'
 device and scale. It prints them slowest first and saves them under "widgets".
 `--no-widgets` skips that step; `--widgets-only` runs only that step. A widget
 that raises is reported as FAILED but does not change the exit status.
+
+Last it times `helpers.memory.measure_step` against a plain step (lesson 06's model,
+micro-batch 8, one Adam update of the explainer's loop), interleaved, in a fresh
+subprocess, and prints and saves the ratio of the medians under "measure_step_overhead"
+(the tracker and the CPU allocator's record together; the target is at most 3x).
 """
 
 from __future__ import annotations
@@ -103,6 +108,57 @@ def run_widgets() -> dict:
     }
 
 
+OVERHEAD_TARGET = 3.0
+
+
+def measure_step_overhead(repeats: int = 20) -> dict:
+    """Median seconds of a plain step and of `measure_step` of it, interleaved, and their ratio."""
+    import statistics
+
+    import torch
+
+    from helpers.data import token_batch
+    from helpers.memory import measure_step
+    from helpers.phases import accumulate_update
+    from helpers.planner_lab import lesson_model
+
+    model = lesson_model("small", "cpu")
+    cfg = model.cfg
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batches = [token_batch(8, cfg.seq_len, cfg.vocab_size, seed=0)]
+
+    def step() -> None:
+        accumulate_update(model, opt, batches)
+
+    runs = {"plain": step, "measure_step": lambda: measure_step(step, model=model, optimizer=opt)}
+    for fn in runs.values():
+        fn()  # warm-up: Adam's state, the profiler's first start
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    median = {name: statistics.median(ts) for name, ts in times.items()}
+    return {"model": "lesson 06's model (small), micro-batch 8, Adam", "repeats": repeats,
+            "plain_s": round(median["plain"], 4), "measure_step_s": round(median["measure_step"], 4),
+            "ratio": round(median["measure_step"] / median["plain"], 2), "target": OVERHEAD_TARGET}
+
+
+def bench_overhead(env: dict[str, str]) -> dict:
+    """Run `measure_step_overhead` in a fresh subprocess and print its line."""
+    proc = subprocess.run([sys.executable, __file__, "--overhead-child"], stdout=subprocess.PIPE, text=True,
+                          env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        print(f"\nmeasure_step overhead: FAILED (exit status {proc.returncode}; its error is above)")
+        return {"error": f"exit status {proc.returncode}"}
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    flag = "" if result["ratio"] <= OVERHEAD_TARGET else f"  (over the {OVERHEAD_TARGET:g}x target)"
+    print(f"\nmeasure_step overhead: {result['ratio']:.1f}x a plain step (lesson 06's model, B=8; medians "
+          f"{1000 * result['measure_step_s']:.0f} ms vs {1000 * result['plain_s']:.0f} ms){flag}")
+    return result
+
+
 def bench_widgets(env: dict[str, str]) -> dict:
     """Run `run_widgets` in a fresh subprocess, print its table and return its summary."""
     print("\nwidgets: one slider move each (a warm-up call, then a timed call)")
@@ -130,12 +186,17 @@ def main() -> int:
     parser.add_argument("--widgets-only", action="store_true", help="only time the lesson widgets")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # internal: child mode
     parser.add_argument("--widgets-child", action="store_true", help=argparse.SUPPRESS)  # internal
+    parser.add_argument("--overhead-child", action="store_true", help=argparse.SUPPRESS)  # internal
     args = parser.parse_args()
     if args.no_widgets and args.widgets_only:
         parser.error("--no-widgets and --widgets-only contradict each other")
     if args.widgets_child:
         sys.path.insert(0, str(ROOT))
         print(json.dumps(run_widgets()))
+        return 0
+    if args.overhead_child:
+        sys.path.insert(0, str(ROOT))
+        print(json.dumps(measure_step_overhead()))
         return 0
     if args.one:
         images = args.images.resolve() if args.images else None
@@ -167,6 +228,7 @@ def main() -> int:
         for i, sec, src in res.get("slowest_cells", []):
             print(f"    cell {i:>3}: {sec:6.1f}s  {src}")
     widgets = None if args.no_widgets else bench_widgets(env)
+    overhead = None if args.widgets_only else bench_overhead(env)
     summary = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
         "scale": os.environ.get("LESSONS_SCALE", "default (small on CPU, full on CUDA)"),
@@ -176,6 +238,8 @@ def main() -> int:
     }
     if widgets is not None:
         summary["widgets"] = widgets
+    if overhead is not None:
+        summary["measure_step_overhead"] = overhead
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"saved {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
     return 1 if failed else 0

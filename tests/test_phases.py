@@ -90,6 +90,10 @@ def test_accumulate_update_steps_on_the_full_batch_gradient() -> None:
 # -- Killing tests for the mutation run (issue 16): expected values counted by hand --------------------
 
 P16 = 16 * 16 * 4  # bytes of a 16x16 float32 weight (and of its gradient, and of one state tensor like it)
+# A Python number passed to a tensor op (`buf.mul_(momentum)`) is wrapped into an 8-byte tensor before
+# the op, and the kernel converts it (8 + 4 bytes more): the CPU allocator holds them, the tracker cannot
+# see them. An optimizer step has at most one such number in flight: at most 20 bytes (torch 2.13).
+_WRAPPED_NUMBERS = 24
 
 
 def _linear16() -> torch.nn.Linear:
@@ -125,9 +129,11 @@ def test_sgd_momentum_step_peak_is_weights_grads_and_buffers() -> None:
     """
     m, state = _measure_linear16(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), batch=64)
     assert state == P16  # one momentum buffer the size of the weight
+    numbers = m.optimizer_breakdown["other"]  # the allocator's only: see _WRAPPED_NUMBERS
     assert m.optimizer_breakdown == {"parameters": P16, "gradients": P16, "optimizer_state": P16,
-                                     "activations": 0, "other": 0}
-    assert m.optimizer_peak_bytes == 3 * P16
+                                     "activations": 0, "other": numbers}
+    assert 0 < numbers <= _WRAPPED_NUMBERS
+    assert m.optimizer_peak_bytes == 3 * P16 + numbers
     assert m.forward_breakdown["parameters"] == P16 and m.forward_breakdown["optimizer_state"] == P16
     assert m.forward_breakdown["activations"] >= 64 * 16 * 4
     assert m.forward_peak_bytes > m.optimizer_peak_bytes
@@ -146,8 +152,10 @@ def test_adam_step_binds_at_one_row() -> None:
     """
     m, state = _measure_linear16(lambda p: torch.optim.Adam(p, lr=0.1, foreach=False), batch=1)
     assert state == 2 * P16 + 4
+    numbers = m.optimizer_breakdown["other"] - 2 * P16
     assert m.optimizer_breakdown == {"parameters": P16, "gradients": P16, "optimizer_state": state,
-                                     "activations": 0, "other": 2 * P16}
+                                     "activations": 0, "other": 2 * P16 + numbers}
+    assert 0 < numbers <= _WRAPPED_NUMBERS
     floor = P16 + P16 + state
     assert floor <= m.forward_peak_bytes <= floor + 256 < m.optimizer_peak_bytes
     assert m.binding_phase == "optimizer" and m.peak_bytes == m.optimizer_peak_bytes

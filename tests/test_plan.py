@@ -79,7 +79,9 @@ def test_meta_profile_matches_cpu_within_1_percent(name: str, checkpoint: str) -
     meta, cpu = (prof[d].step(b, checkpoint=checkpoint) for d in ("meta", "cpu"))
     assert cpu.method == "cpu-tracker" and meta.method.startswith("meta-tracker")
     for attr in ("peak_bytes", "forward_end_bytes", "backward_peak_bytes", "optimizer_peak_bytes"):
-        assert getattr(meta, attr) == pytest.approx(getattr(cpu, attr), rel=0.01), attr
+        # never below the CPU allocator's record of the real step, and within 1% of it
+        assert 0 <= getattr(meta, attr) / getattr(cpu, attr) - 1 < 0.01, (attr, getattr(meta, attr),
+                                                                          getattr(cpu, attr))
     for cat, value in cpu.forward_end_breakdown.items():
         assert meta.forward_end_breakdown[cat] == pytest.approx(value, rel=0.01, abs=512), cat
 
@@ -97,7 +99,7 @@ def test_bf16_rule_on_meta_matches_real_cpu_autocast(name: str) -> None:
     _, _, b, prof = _pair(name, precision="bf16")
     for ck in ("none", "blocks"):
         meta, cpu = (prof[d].step(b, checkpoint=ck) for d in ("meta", "cpu"))
-        assert meta.peak_bytes == pytest.approx(cpu.peak_bytes, rel=0.01), ck
+        assert 0 <= meta.peak_bytes / cpu.peak_bytes - 1 < 0.01, (ck, meta.peak_bytes, cpu.peak_bytes)
         assert meta.forward_end_bytes == pytest.approx(cpu.forward_end_bytes, rel=0.01), ck
 
 
@@ -108,7 +110,7 @@ def test_without_routing_meta_attention_keeps_the_score_matrix() -> None:
     unrouted = Profiler(build, spec, route_attention=False).step(6)
     assert routed.kernels == ("flash",)
     assert unrouted.peak_bytes > 1.01 * real.peak_bytes  # the math path saves the S x S probabilities
-    assert routed.peak_bytes == pytest.approx(real.peak_bytes, rel=0.01)
+    assert 0 <= routed.peak_bytes / real.peak_bytes - 1 < 0.01, (routed.peak_bytes, real.peak_bytes)
 
 
 def test_cpu_target_follows_the_cpu_kernel_choice_with_dropout() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import math
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -253,3 +254,64 @@ def test_the_tracker_counts_on_the_models_device() -> None:
         live = tracker.mark("one tensor on each device")
     assert tracker.device_type == "meta" and live == 80 + 32
     assert tracker.timeline().series["parameters"][-1] == 80 and on_cpu.numel() == on_meta.numel() + 2
+
+
+# -- Issue 21: release points, kernel buffers and times ----------------------------------------------
+
+
+def test_released_timeline_lets_marked_outputs_die_at_their_release_point() -> None:
+    """Hand count: y (1 KiB) is marked right after the loss; the loop keeps it to the end."""
+    from helpers.tracker import release_point
+
+    w = torch.ones(256, requires_grad=True)
+    with MemoryTracker() as tracker:
+        y = w * 2                   # 1 KiB, an activation (the "predictions")
+        loss = y.sum()
+        release_point(y, loss)       # a `del y` here would free it
+        z = torch.empty(512)         # 2 KiB made later, while the loop as written still holds y
+        del z
+    keep, released = tracker.timeline(), tracker.timeline(released=True)
+    assert max(keep.total) == 1024 + 4 + 2048
+    assert max(released.total) == 4 + 2048
+    assert y.shape == (256,)  # y was held to the end: the release is counted, not made
+
+
+def test_release_waits_for_a_node_that_saved_the_output() -> None:
+    """`pow(2)` saves its input: a `del y` frees nothing until that node has run in backward."""
+    w = torch.ones(256, requires_grad=True)
+    with MemoryTracker() as tracker:
+        y = w * 2
+        loss = y.pow(2).sum()
+        assert tracker.could_release(y, loss) == 1024
+        held_before_backward = [r for r in tracker.records if r.nbytes == 1024 and r.role is None]
+        assert all(r.release == math.inf for r in held_before_backward)  # autograd still holds it
+        loss.backward()
+    rec = next(r for r in tracker.records if r.ptr == y.untyped_storage().data_ptr())
+    assert rec.born < rec.release < rec.died == math.inf  # released during backward, not before
+
+
+def test_kernel_buffers_count_for_one_op_and_held_bytes_until_dropped() -> None:
+    def buffers(func, args, kwargs, out):  # noqa: ANN001, ANN202
+        return (100, 8) if func.overloadpacket.__name__ == "mul" else 0
+
+    with MemoryTracker(kernel_buffers=buffers) as tracker:
+        a = torch.empty(64)          # 256 bytes
+        b = a * 3                    # 256 bytes, 100 inside the op, 8 held
+        tracker.drop_held()
+        c = torch.empty(16)          # 64 bytes
+        del a, b, c
+    tl = tracker.timeline()
+    mul = tl.ops.index("mul")
+    assert tl.at(mul)["other"] == 108 and tl.inside_kernels[mul] == 100
+    assert tl.inside_kernels[mul + 1] == 0 and tl.at(mul + 1)["other"] == 0  # the held 8 were dropped
+    assert tracker.windows[mul][0] <= tracker.windows[mul][1]  # each op's time window is kept
+
+
+def test_watch_counts_a_tensor_made_outside_any_op_on_any_device() -> None:
+    with MemoryTracker(device="meta") as tracker:
+        state = torch.get_rng_state()  # a CPU tensor made outside any op
+        tracker.watch(state, "other")
+        counted = tracker.current_bytes
+    assert counted == state.numel()
+    with pytest.raises(ValueError, match="role must be one of"):
+        tracker.watch(state, "weights")

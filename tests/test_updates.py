@@ -21,6 +21,7 @@ from helpers.updates import (
     activation_bytes_per_example,
     activation_sweep,
     breakdown_for,
+    held_logits_bytes_per_example,
     linear_fit,
     measure_config,
     measure_update,
@@ -71,7 +72,9 @@ def test_formula_matches_the_tracker_at_tiny() -> None:
     model = explainer_model("tiny", CPU)
     sweep = activation_sweep(model, [2, 3, 4], progress=False)
     fit = linear_fit(list(sweep), [m.breakdown["activations"] for m in sweep.values()])
-    assert fit.slope == pytest.approx(activation_bytes_per_example(model.cfg), rel=0.01)
+    # at the peak the activations are what autograd saved plus the logits the loop's variable holds
+    held = held_logits_bytes_per_example(model.cfg)
+    assert fit.slope == pytest.approx(activation_bytes_per_example(model.cfg) + held, rel=0.01)
     for b, m in sweep.items():
         assert m.peak_bytes == pytest.approx(predicted_update_peak_bytes(model.cfg, b), rel=0.01)
     one_step = measure_update(model, micro_batch=2, steps=1)
@@ -194,7 +197,9 @@ def test_predicted_peak_terms_match_independent_counts() -> None:
         return predicted_update_peak_bytes(TINY, b, optimizer=optimizer, steps=steps)
 
     per_example = pred(2) - pred(1)
-    assert per_example == _saved_float_bytes(model, 1) + 2 * logits_bytes
+    # saved by autograd, the logits held by the loop's `predictions` variable, and two logits-sized gradients
+    assert per_example == _saved_float_bytes(model, 1) + logits_bytes + 2 * logits_bytes
+    assert held_logits_bytes_per_example(TINY) == logits_bytes
     fixed = pred(1) - per_example - params  # SGD, one micro-step: no gradients, no state
     masks = sum(b.nbytes for b in model.buffers())
     assert masks == TINY.n_layers * TINY.seq_len**2
