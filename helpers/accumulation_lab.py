@@ -43,7 +43,7 @@ from helpers.accumulation import (
     trainable_params,
 )
 from helpers.checks import answer_number, callable_arg, instance_arg, positive_int
-from helpers.device import CPU_TRACKER, TENSOR_TRACKER, by_scale, synchronize
+from helpers.device import TENSOR_TRACKER, by_scale, synchronize
 from helpers.memory import MemoryTracker, run_or_oom, saved_activation_bytes
 from helpers.models import GPTConfig, device_of
 from helpers.saved_tensors import korthikanti_terms
@@ -89,8 +89,8 @@ class MicroStepMemory:
       preceded by ("start", live bytes before the loop).
     - `peak_bytes`: the largest live tensor memory at any op of the loop.
     - `peak_activations`: the largest amount of live forward-pass tensors.
-    - `method`: how it was measured: `CPU_TRACKER` on a CPU, `TENSOR_TRACKER`
-      (the same tracker of live storages) on any other device.
+    - `method`: how it was measured: `TENSOR_TRACKER` (the tracker of live storages alone,
+      on every device).
     """
 
     labels: list[str]
@@ -105,12 +105,16 @@ class MicroStepMemory:
 
 
 def tracker_method(device: torch.device | str) -> str:
-    """The label of a `MemoryTracker` measurement on `device`: `CPU_TRACKER` on a CPU, else `TENSOR_TRACKER`.
+    """The label of a `MemoryTracker` measurement on `device`: always `TENSOR_TRACKER`.
 
-    The tracker counts live tensor storages on every device; on CUDA it is not the
-    caching allocator (`CUDA_ALLOCATOR`), so its figures carry their own label.
+    The tracker alone counts live tensor storages, on every device. It is neither the caching
+    allocator (`CUDA_ALLOCATOR`) nor `measure_step`'s CPU figure (`CPU_TRACKER`: the CPU
+    allocator's record, with the tracker's categories), so its figures carry their own label.
+    Between micro-steps, where lesson 03 reads it, no kernel holds a buffer of its own, so the
+    two CPU figures agree there.
     """
-    return CPU_TRACKER if torch.device(device).type == "cpu" else TENSOR_TRACKER
+    torch.device(device)  # validates the argument
+    return TENSOR_TRACKER
 
 
 def micro_step_memory(loop: Callable[[Mark], object], model: nn.Module) -> MicroStepMemory:

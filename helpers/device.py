@@ -178,7 +178,7 @@ def seed_everything(seed: int) -> None:
 
 # How a memory figure was measured: every report names one of these.
 CUDA_ALLOCATOR = "cuda-allocator"  # PyTorch's caching allocator (max_memory_allocated)
-CPU_TRACKER = "cpu-tracker"  # helpers.tracker.MemoryTracker, the measurement on a CPU
+CPU_TRACKER = "cpu-tracker"  # CPU: totals from the CPU allocator's record, categories from the tracker
 TENSOR_TRACKER = "tensor-tracker"  # the same tracker, on any device (timelines, categories)
 METHODS = (CUDA_ALLOCATOR, CPU_TRACKER, TENSOR_TRACKER)
 

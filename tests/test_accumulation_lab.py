@@ -22,7 +22,7 @@ from helpers.accumulation_lab import (
     throughput_sweep,
 )
 from helpers.data import regression_batch, token_batch
-from helpers.device import CPU_TRACKER
+from helpers.device import CPU_TRACKER, TENSOR_TRACKER
 from helpers.memory import saved_activation_bytes
 from helpers.models import GPT, GPTConfig, ResidualMLP
 from helpers.training import lm_loss
@@ -79,7 +79,7 @@ def test_micro_step_memory_flat_for_the_correct_loop_and_growing_for_leaks():
     flat = micro_step_memory(correct, model)
     assert flat.labels == ["start", "step 1", "step 2", "step 3"]
     assert abs(flat.growth(1, -1)) <= 64  # only the scalar loss is replaced; batches are not counted
-    assert flat.method == CPU_TRACKER == "cpu-tracker"
+    assert flat.method == TENSOR_TRACKER == "tensor-tracker"
     leak = micro_step_memory(retain_and_keep, model)
     steps = [b - a for a, b in zip(leak.live_after[1:], leak.live_after[2:], strict=False)]
     assert min(steps) >= 0.8 * act
@@ -204,9 +204,8 @@ def test_exercise_checkers(check, right, wrong, capsys):
 
 
 def test_tracker_method_labels():
-    from helpers.device import TENSOR_TRACKER
 
-    assert lab.tracker_method("cpu") == CPU_TRACKER
+    assert lab.tracker_method("cpu") == TENSOR_TRACKER != CPU_TRACKER
     assert lab.tracker_method(torch.device("cuda")) == TENSOR_TRACKER == "tensor-tracker"
 
 
