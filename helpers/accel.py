@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.checks import positive_int
 from helpers.training import IGNORE_INDEX
+from helpers.validate import positive_int
 
 __all__ = [
     "GradientStateView",

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from helpers.checks import instance_arg, positive_int, tensor_arg
+from helpers.validate import instance_arg, positive_int, tensor_arg
 
 __all__ = [
     "GradDiff",

@@ -42,12 +42,12 @@ from helpers.accumulation import (
     full_batch_grad,
     trainable_params,
 )
-from helpers.checks import answer_number, callable_arg, instance_arg, positive_int
 from helpers.device import TENSOR_TRACKER, by_scale, synchronize
 from helpers.memory import MemoryTracker, run_or_oom, saved_activation_bytes
 from helpers.models import GPTConfig, device_of
 from helpers.saved_tensors import korthikanti_terms
 from helpers.training import lm_loss
+from helpers.validate import answer_number, callable_arg, instance_arg, positive_int
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

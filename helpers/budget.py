@@ -31,15 +31,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from helpers import plots
-from helpers.checks import (
-    answer_number,
-    callable_arg,
-    choice,
-    instance_arg,
-    non_negative_number,
-    positive_int,
-    positive_number,
-)
 from helpers.data import token_batch
 from helpers.device import SCALES
 from helpers.memory import StepMemory, run_or_oom
@@ -53,6 +44,15 @@ from helpers.updates import (
     measure_update,
     param_counts,
     predicted_update_peak_bytes,
+)
+from helpers.validate import (
+    answer_number,
+    callable_arg,
+    choice,
+    instance_arg,
+    non_negative_number,
+    positive_int,
+    positive_number,
 )
 
 __all__ = [

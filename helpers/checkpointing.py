@@ -40,16 +40,6 @@ from torch.utils.checkpoint import (
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import plots
-from helpers.checks import (
-    answer_number,
-    bool_arg,
-    callable_arg,
-    choice,
-    instance_arg,
-    int_at_least,
-    int_in_range,
-    positive_int,
-)
 from helpers.data import token_batch
 from helpers.device import SCALES, by_scale, synchronize
 from helpers.memory import MemoryTracker, StepMemory, run_or_oom, saved_activation_bytes
@@ -76,6 +66,16 @@ from helpers.saved_tensors import (
 )
 from helpers.training import OPTIMIZERS, lm_loss
 from helpers.updates import measure_update
+from helpers.validate import (
+    answer_number,
+    bool_arg,
+    callable_arg,
+    choice,
+    instance_arg,
+    int_at_least,
+    int_in_range,
+    positive_int,
+)
 
 __all__ = [
     "CHAIN_KINDS", "CHAIN_LENGTHS", "POLICIES", "QUADRATIC_TERMS", "REFERENCE_ROWS", "WIDGET_MAX_STEPS",

@@ -24,12 +24,12 @@ import torch
 from helpers import accumulation as acc
 from helpers import checkpointing, pitfalls, tokens, updates
 from helpers.accumulation_lab import micro_step_memory
-from helpers.checks import choice
 from helpers.data import regression_batch, token_batch
 from helpers.device import lesson_scale
 from helpers.memory import new_live_bytes, record_timeline, saved_activation_bytes
 from helpers.models import GPT, GPTConfig, ResidualMLP, explainer_model, param_bytes, seeded_gpt
 from helpers.training import lm_loss
+from helpers.validate import choice
 
 __all__ = ["CLAIMS", "LAB_CONFIG", "LESSON_MODELS", "LESSON_MODEL_CLAIMS", "Claim", "Evidence", "Lab"]
 

@@ -40,9 +40,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers.checks import callable_arg, number_in_range, tensor_arg
 from helpers.memory import saved_activation_bytes
 from helpers.models import BlockWrapper
+from helpers.validate import callable_arg, number_in_range, tensor_arg
 
 __all__ = [
     "BACKEND",

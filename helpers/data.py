@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers.checks import non_negative_int, positive_int
+from helpers.validate import non_negative_int, positive_int
 
 __all__ = ["image_batch", "regression_batch", "token_batch"]
 

@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.accumulation import flat_grad
-from helpers.checks import callable_arg, choice, positive_int, tensor_arg
 from helpers.launcher import WorkerPool, group_for, max_workers, shared_pool
+from helpers.validate import callable_arg, choice, positive_int, tensor_arg
 
 __all__ = [
     "AllReduceCounter",

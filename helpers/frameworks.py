@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from helpers.checks import choice
+from helpers.validate import choice
 
 __all__ = [
     "EXTRA",

@@ -30,10 +30,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from helpers.accumulation import cleared_grads, flat_grad
-from helpers.checks import bool_arg, choice, int_in_range, positive_int, positive_number
 from helpers.frameworks import offline, silence_logs
 from helpers.memory import saved_activation_bytes
 from helpers.training import IGNORE_INDEX
+from helpers.validate import bool_arg, choice, int_in_range, positive_int, positive_number
 
 __all__ = [
     "DROPOUT_FIELDS",

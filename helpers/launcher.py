@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from helpers.checks import callable_arg, choice, positive_int, positive_number
+from helpers.validate import callable_arg, choice, positive_int, positive_number
 
 __all__ = [
     "RESULTS_ENV",

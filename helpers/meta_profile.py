@@ -62,7 +62,6 @@ from torch.autograd.graph import _engine_run_backward
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
-from helpers.checks import ArgTypeError, callable_arg, choice, positive_int
 from helpers.kernel_buffers import attention_backward_buffer_bytes, kernel_buffers, rng_states_counted
 from helpers.memory import MemoryTracker, Timeline, tracked_run
 from helpers.models import BlockWrapper
@@ -70,6 +69,7 @@ from helpers.phases import PhasePeaks, phase_peaks
 from helpers.planner import MemoryProfile, fit_profile
 from helpers.tracker import release_point
 from helpers.training import OPTIMIZERS, lm_loss, make_optimizer
+from helpers.validate import ArgTypeError, callable_arg, choice, positive_int
 
 __all__ = [
     "CHECKPOINTS",

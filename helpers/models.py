@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.checks import choice, instance_arg, non_negative_int, number_in_range, positive_int
 from helpers.device import SCALES
+from helpers.validate import choice, instance_arg, non_negative_int, number_in_range, positive_int
 
 __all__ = [
     "NORMS",

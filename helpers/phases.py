@@ -27,12 +27,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from helpers.checks import callable_arg, positive_int
 from helpers.data import token_batch
 from helpers.memory import MemoryTracker, Timeline, floor_of, tracked_run
 from helpers.models import GPT, device_of
 from helpers.tracker import release_point
 from helpers.training import lm_loss, make_optimizer
+from helpers.validate import callable_arg, positive_int
 
 __all__ = [
     "PhaseMemory",

@@ -50,7 +50,10 @@ from helpers.accumulation import (
     flat_grad,
     full_batch_grad,
 )
-from helpers.checks import (
+from helpers.data import image_batch, regression_batch
+from helpers.device import by_scale
+from helpers.models import NORMS, ConvNet, DropoutMLP
+from helpers.validate import (
     choice,
     int_at_least,
     int_in_range,
@@ -58,9 +61,6 @@ from helpers.checks import (
     positive_int,
     positive_number,
 )
-from helpers.data import image_batch, regression_batch
-from helpers.device import by_scale
-from helpers.models import NORMS, ConvNet, DropoutMLP
 
 __all__ = [
     "AMP_ORDERS",

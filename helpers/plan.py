@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from helpers.checks import ArgTypeError, answer_number, choice, number_in_range, positive_int, positive_number
 from helpers.device import SCALES, by_scale
 from helpers.meta_profile import (
     CHECKPOINTS,
@@ -52,6 +51,14 @@ from helpers.meta_profile import (
 from helpers.models import GPT, ConvNet, GPTConfig
 from helpers.planner import CAVEATS, MemoryProfile, Plan, recommend, remedy_floors
 from helpers.training import OPTIMIZERS
+from helpers.validate import (
+    ArgTypeError,
+    answer_number,
+    choice,
+    number_in_range,
+    positive_int,
+    positive_number,
+)
 
 __all__ = [
     "CARDS_GB",

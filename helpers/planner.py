@@ -30,10 +30,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from helpers.checks import callable_arg, positive_int, positive_number
 from helpers.models import GPTConfig
 from helpers.saved_tensors import korthikanti_terms
 from helpers.updates import linear_fit
+from helpers.validate import callable_arg, positive_int, positive_number
 
 __all__ = [
     "CAVEATS",

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from helpers.checks import choice, positive_int, positive_number
 from helpers.device import SCALES, by_scale
 from helpers.memory import run_or_oom
 from helpers.models import GPT, GPTConfig
 from helpers.phases import PhaseMemory, UpdateMeasurer
 from helpers.planner import GB, MemoryProfile, Plan, fit_profile, korthikanti_activation_bytes, recommend
+from helpers.validate import choice, positive_int, positive_number
 
 __all__ = [
     "EXPLAINER_GB",

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from helpers.checks import positive_int
+from helpers.validate import positive_int
 
 __all__ = [
     "COLORS",

@@ -30,13 +30,13 @@ import torch
 
 from helpers import accumulation as acc
 from helpers import checkpointing
-from helpers.checks import choice, positive_int
 from helpers.claims import CLAIMS, LAB_CONFIG, Claim, Evidence, Lab
 from helpers.device import lesson_scale, memory_method, pick_device
 from helpers.models import GPT, explainer_config
 from helpers.planner import RULE_COROLLARY, decision_rule
 from helpers.training import lm_loss
 from helpers.updates import predicted_update_peak_bytes
+from helpers.validate import choice, positive_int
 
 __all__ = [
     "CLAIMS", "EXERCISES", "QUIZ", "Claim", "Evidence", "Feedback", "Lab", "Ledger", "Question", "Row",

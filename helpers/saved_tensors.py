@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy
 
-from helpers.checks import instance_arg, int_at_least, positive_int, positive_number, tensor_arg
 from helpers.memory import saved_activation_bytes
+from helpers.validate import instance_arg, int_at_least, positive_int, positive_number, tensor_arg
 
 __all__ = [
     "KORTHIKANTI",

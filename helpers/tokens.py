@@ -30,10 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.accumulation import GradDiff, clear_grads, cleared_grads, compare_grads, flat_grad
-from helpers.checks import int_at_least, int_in_range, number_in_range, positive_int, tensor_arg
 from helpers.data import token_batch
 from helpers.models import GPT, GPTConfig
 from helpers.training import IGNORE_INDEX, lm_loss
+from helpers.validate import int_at_least, int_in_range, number_in_range, positive_int, tensor_arg
 
 __all__ = [
     "IGNORE_INDEX",

@@ -24,7 +24,6 @@ from torch import nn
 
 from helpers import plots
 from helpers.accumulation import cleared_grads, compare_grads, flat_grad
-from helpers.checks import choice, number_in_range, positive_int
 from helpers.device import SCALES
 from helpers.models import GPT, GPTConfig
 from helpers.tokens import (
@@ -39,6 +38,7 @@ from helpers.tokens import (
 )
 from helpers.training import lm_loss
 from helpers.updates import activation_bytes_per_example
+from helpers.validate import choice, number_in_range, positive_int
 
 __all__ = [
     "ERROR_FLOOR",

@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from helpers.checks import bool_arg, callable_arg, instance_arg, positive_int, tensor_arg
 from helpers.memory import Timeline
 from helpers.tracker import MemoryTracker
 from helpers.training import IGNORE_INDEX
+from helpers.validate import bool_arg, callable_arg, instance_arg, positive_int, tensor_arg
 
 __all__ = [
     "CudaOffload",

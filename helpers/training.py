@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.checks import choice, instance_arg, tensor_arg
+from helpers.validate import choice, instance_arg, tensor_arg
 
 __all__ = ["IGNORE_INDEX", "OPTIMIZERS", "REDUCTIONS", "STATE_PER_PARAM", "lm_loss", "make_optimizer"]
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 import torch
 
 from helpers import plots
-from helpers.checks import choice, instance_arg, int_at_least, positive_int
 from helpers.data import token_batch
 from helpers.memory import StepMemory, measure_step, run_or_oom
 from helpers.models import GPT, BlockWrapper, GPTConfig, device_of
 from helpers.tracker import release_point
 from helpers.training import OPTIMIZERS, STATE_PER_PARAM, lm_loss, make_optimizer
+from helpers.validate import choice, instance_arg, int_at_least, positive_int
 
 __all__ = [
     "BUDGET_LABEL", "FP32", "ConfigMemory", "LinearFit", "activation_bytes_per_example", "activation_sweep",

@@ -20,10 +20,10 @@ from helpers.accumulation import (
     micro_batch_sizes,
     trainable_params,
 )
-from helpers.checks import ArgTypeError
 from helpers.data import image_batch, regression_batch, token_batch
 from helpers.models import GPT, ConvNet, GPTConfig, ResidualMLP
 from helpers.training import lm_loss
+from helpers.validate import ArgTypeError
 
 
 def mlp(dtype: torch.dtype = torch.float32) -> ResidualMLP:

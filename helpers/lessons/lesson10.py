@@ -22,7 +22,6 @@ import torch
 
 from helpers import compiled, frameworks, plots
 from helpers.accumulation import compare_grads
-from helpers.checks import answer_number, choice, number_in_range, positive_int
 from helpers.device import SCALES
 from helpers.models import GPT, GPTConfig, seeded_gpt
 from helpers.saved_tensors import korthikanti_terms
@@ -32,6 +31,7 @@ from helpers.tokens import (
     split_micro_batches,
     variable_length_sequences,
 )
+from helpers.validate import answer_number, choice, number_in_range, positive_int
 
 __all__ = [
     "BudgetExplorer",

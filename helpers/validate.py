@@ -1,4 +1,4 @@
-"""Argument checks for every helper module: one home, one wording (core, all lessons).
+"""Argument validation for every helper module: one home, one wording (core, all lessons).
 
 Each check returns the value it accepted, so it reads inline::
 
