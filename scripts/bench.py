@@ -10,7 +10,7 @@ a notebook fails to execute. `--cells` also prints the slowest cells;
 `--images DIR` saves every PNG the notebooks displayed (reference figures).
 
 After the notebooks it times every lesson widget (each helper module's
-`widget_latency_cases`, found by `helpers.widgets.discover_widget_cases`): one
+`widget_latency_cases`, found by `scripts/widget_latency.py`'s `discover_widget_cases`): one
 warm-up call, then a timed call per case, in a fresh subprocess, at the lessons'
 device and scale. It prints them slowest first and saves them under "widgets".
 `--no-widgets` skips that step; `--widgets-only` runs only that step. A widget
@@ -88,8 +88,9 @@ def run_one(path: Path, cells: bool, images: Path | None = None, executed: Path 
 
 def run_widgets() -> dict:
     """Time every widget case (in this process) at the lessons' device and scale."""
+    from widget_latency import LIMIT_S, latency_table, time_all_cases
+
     from helpers.device import lesson_scale, pick_device
-    from helpers.widgets import LIMIT_S, latency_table, time_all_cases
 
     device = pick_device()
     scale = lesson_scale(device)

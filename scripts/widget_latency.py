@@ -1,4 +1,6 @@
-"""Find and time every lesson's widgets (used by tests/test_widgets.py and `make bench`).
+"""Find and time every lesson's widgets: the latency harness of `make bench` and tests/test_widgets.py.
+
+It lives in scripts/, not in the `helpers` package: learners never need it.
 
 A lesson helper module that backs widgets defines
 `widget_latency_cases(scale, device) -> {name: zero-argument callable}`; each
