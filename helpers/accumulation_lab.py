@@ -43,38 +43,20 @@ from helpers.accumulation import (
     trainable_params,
 )
 from helpers.device import TENSOR_TRACKER, by_scale, synchronize
+from helpers.formulas import gpt_activation_bytes, gpt_param_count
 from helpers.memory import MemoryTracker, run_or_oom, saved_activation_bytes
 from helpers.models import GPTConfig, device_of
-from helpers.saved_tensors import korthikanti_terms
 from helpers.training import lm_loss
-from helpers.validate import answer_number, callable_arg, instance_arg, positive_int
+from helpers.validate import answer_number, callable_arg, positive_int
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 __all__ = [
-    "LessonSizes",
-    "Mark",
-    "MicroStepMemory",
-    "Timing",
-    "angle_degrees",
-    "check_exercise_1",
-    "check_exercise_2",
-    "check_exercise_3",
-    "check_exercise_4",
-    "gpt_activation_bytes",
-    "gpt_param_count",
-    "gradient_error",
-    "group_gradient",
-    "lesson_sizes",
-    "micro_step_memory",
-    "plot_micro_step_memory",
-    "predicted_peak_bytes",
-    "scatter_grads",
-    "show_gradient_error",
-    "show_micro_step_memory",
-    "throughput_sweep",
-    "tracker_method",
+    "LessonSizes", "Mark", "MicroStepMemory", "Timing", "angle_degrees", "check_exercise_1",
+    "check_exercise_2", "check_exercise_3", "check_exercise_4", "gradient_error", "group_gradient",
+    "lesson_sizes", "micro_step_memory", "plot_micro_step_memory", "predicted_peak_bytes", "scatter_grads",
+    "show_gradient_error", "show_micro_step_memory", "throughput_sweep", "tracker_method",
     "widget_latency_cases",
 ]
 
@@ -375,30 +357,6 @@ def lesson_sizes(scale: str) -> LessonSizes:
         b_eff=pick(tiny=8, small=16, medium=32, full=32),
         widget_b_max=b_max, widget_k_max=k_max,
     )
-
-
-def gpt_activation_bytes(cfg: GPTConfig, micro_batch: int, *, dtype_bytes: int = 4) -> int:
-    """Predicted bytes autograd keeps for one forward + LM loss of `GPT(cfg)` on `micro_batch` sequences.
-
-    Korthikanti et al.'s per-layer sbh(34 + 5as/h) without the dropout terms
-    (dropout 0) at `dtype_bytes` per element, times the layers; plus the final
-    LayerNorm's input and output (2 sbh) and the log-softmax output over the
-    vocabulary (s b V). Lesson 03 checks it against `saved_activation_bytes`.
-    """
-    instance_arg("cfg", cfg, GPTConfig, "GPTConfig")
-    positive_int("micro_batch", micro_batch)
-    positive_int("dtype_bytes", dtype_bytes)
-    s, b, h = cfg.seq_len, micro_batch, cfg.d_model
-    layer = sum(korthikanti_terms(s=s, b=b, h=h, a=cfg.n_heads, act_bytes=dtype_bytes,
-                                  dropout=False).values())
-    return int(cfg.n_layers * layer + dtype_bytes * (2 * s * b * h + s * b * cfg.vocab_size))
-
-
-def gpt_param_count(cfg: GPTConfig) -> int:
-    """Number of parameters of `GPT(cfg)` (embeddings, blocks, final LayerNorm, untied head)."""
-    h = cfg.d_model
-    block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (4 * h * h + 4 * h) + (4 * h * h + h)
-    return (cfg.vocab_size + cfg.seq_len) * h + cfg.n_layers * block + 2 * h + h * cfg.vocab_size
 
 
 def predicted_peak_bytes(scale: str) -> int:

@@ -33,18 +33,11 @@ from torch.utils._pytree import tree_flatten
 from helpers import plots
 from helpers.data import token_batch
 from helpers.device import SCALES
+from helpers.formulas import FP32, activation_bytes_per_example, param_counts, predicted_update_peak_bytes
 from helpers.memory import StepMemory, run_or_oom
 from helpers.models import GPT, explainer_config, explainer_model
 from helpers.training import lm_loss
-from helpers.updates import (
-    BUDGET_LABEL,
-    FP32,
-    activation_bytes_per_example,
-    measure_config,
-    measure_update,
-    param_counts,
-    predicted_update_peak_bytes,
-)
+from helpers.updates import BUDGET_LABEL, measure_config, measure_update
 from helpers.validate import (
     answer_number,
     callable_arg,

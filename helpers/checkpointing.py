@@ -26,22 +26,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import (
-    checkpoint,
-    checkpoint_sequential,
-    create_selective_checkpoint_contexts,
-)
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential, create_selective_checkpoint_contexts
 
 from helpers import plots
+from helpers.costs import Timing, count_flops, interleaved_times
 from helpers.data import token_batch
-from helpers.device import SCALES, by_scale, synchronize
+from helpers.device import SCALES, by_scale
+from helpers.formulas import KORTHIKANTI, QUADRATIC_TERMS, gpt_step_peak_bytes, korthikanti_terms
 from helpers.memory import MemoryTracker, StepMemory, run_or_oom, saved_activation_bytes
 from helpers.models import (
     GPT,
@@ -54,13 +50,10 @@ from helpers.models import (
     explainer_model,
 )
 from helpers.saved_tensors import (
-    KORTHIKANTI,
-    QUADRATIC_TERMS,
     SavedTensor,
     attention_core_policy,
     bytes_by_term,
     dropout_mask_bytes,
-    korthikanti_terms,
     save_matmul_outputs,
     saved_tensor_table,
 )
@@ -69,7 +62,6 @@ from helpers.updates import measure_update
 from helpers.validate import (
     answer_number,
     bool_arg,
-    callable_arg,
     choice,
     instance_arg,
     int_at_least,
@@ -78,17 +70,14 @@ from helpers.validate import (
 )
 
 __all__ = [
-    "CHAIN_KINDS", "CHAIN_LENGTHS", "POLICIES", "QUADRATIC_TERMS", "REFERENCE_ROWS", "WIDGET_MAX_STEPS",
-    "SavedTensor", "SegmentPoint", "Timing", "TradeOff",
-    "TradeOffLab", "attention_core_policy", "block_shape", "blocks_forward_flops", "bytes_by_term",
-    "chain_layer_costs",
-    "EXERCISE_CHAIN", "chain_shape", "check_exercise_1", "check_exercise_2", "check_exercise_3",
-    "check_exercise_4", "exercise_3_measurement",
-    "checkpoint_with", "count_flops", "divisors", "dropout_mask_bytes", "freeze_batchnorm_stats",
-    "gpt_setup", "interleaved_times", "korthikanti_terms", "make_block_wrapper", "make_chain",
-    "params_without_grad", "predicted_peak_bytes", "save_matmul_outputs", "saved_tensor_table",
-    "segment_cost", "segment_sizes", "segment_sweep", "selective_shape", "widget_latency_cases",
-    "widget_max_micro_batch", "plot_trade_offs",
+    "CHAIN_KINDS", "CHAIN_LENGTHS", "EXERCISE_CHAIN", "POLICIES", "QUADRATIC_TERMS", "REFERENCE_ROWS",
+    "WIDGET_MAX_STEPS", "SavedTensor", "SegmentPoint", "TradeOff", "TradeOffLab", "attention_core_policy",
+    "block_shape", "bytes_by_term", "chain_layer_costs", "chain_shape", "check_exercise_1",
+    "check_exercise_2", "check_exercise_3", "check_exercise_4", "checkpoint_with", "divisors",
+    "dropout_mask_bytes", "exercise_3_measurement", "freeze_batchnorm_stats", "gpt_setup",
+    "korthikanti_terms", "make_block_wrapper", "make_chain", "params_without_grad", "plot_trade_offs",
+    "predicted_peak_bytes", "save_matmul_outputs", "saved_tensor_table", "segment_cost", "segment_sizes",
+    "segment_sweep", "selective_shape", "widget_latency_cases", "widget_max_micro_batch",
 ]
 
 POLICIES = ("none", "full", "save-matmuls", "attention-core")
@@ -98,31 +87,6 @@ EXERCISE_CHAIN = "linear-relu"  # exercise 3's chain: a ReLU after each Linear
 # ---------------------------------------------------------------------------
 # Cost: FLOPs
 # ---------------------------------------------------------------------------
-
-
-def count_flops(fn: Callable[[], object]) -> int:
-    """FLOPs that `torch.utils.flop_counter.FlopCounterMode` counts while `fn()` runs.
-
-    It counts matmuls, convolutions and attention; pointwise ops count zero.
-    """
-    callable_arg("fn", fn, "a zero-argument callable")
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return int(counter.get_total_flops())
-
-
-def blocks_forward_flops(model: GPT, micro_batch: int) -> int:
-    """FLOPs of one forward of `model`'s blocks (the region `make_block_wrapper` checkpoints).
-
-    Counted with `count_flops` on a random input of the blocks' shape, under `no_grad`:
-    the most a full recompute can cost per micro-step (early stop can make it less).
-    """
-    instance_arg("model", model, GPT, "helpers.models.GPT")
-    positive_int("micro_batch", micro_batch)
-    cfg = model.cfg
-    x = torch.zeros(micro_batch, cfg.seq_len, cfg.d_model, device=device_of(model))
-    with torch.no_grad():
-        return count_flops(lambda: [block(x) for block in model.blocks])
 
 
 # ---------------------------------------------------------------------------
@@ -184,60 +148,6 @@ def params_without_grad(model: nn.Module) -> list[str]:
 # ---------------------------------------------------------------------------
 # Time: shown, never asserted
 # ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Wall-clock seconds of repeated runs: the median and the spread (min and max)."""
-
-    median: float
-    low: float
-    high: float
-    runs: int
-
-    def scaled(self, factor: float) -> Timing:
-        """The same timing multiplied by `factor` (e.g. K micro-steps per update)."""
-        return Timing(self.median * factor, self.low * factor, self.high * factor, self.runs)
-
-    def describe(self) -> str:
-        """E.g. '12.3 ms (min-max 11.9-14.0 ms, 5 runs)'."""
-        return (f"{1e3 * self.median:.1f} ms (min-max {1e3 * self.low:.1f}-{1e3 * self.high:.1f} ms, "
-                f"{self.runs} runs)")
-
-
-def interleaved_times(
-    fns: Mapping[str, Callable[[], object]], *, device: torch.device | str = "cpu",
-    repeats: int = 5, warmup: int = 1,
-) -> dict[str, Timing]:
-    """Time each callable `repeats` times, interleaved, after `warmup` untimed runs of each.
-
-    Round r runs every callable once, in forward order on even rounds and reversed
-    on odd ones, so a slow spell of a shared machine hits all of them alike. On
-    CUDA the device is synchronized around each run. Timings are for showing:
-    on a shared CPU they are noisy, and lessons never assert on them.
-    """
-    if not fns or not all(callable(f) for f in fns.values()):
-        raise ValueError(f"fns must be a non-empty mapping of name -> callable, got {fns!r}")
-    int_at_least("repeats", repeats, 1)
-    int_at_least("warmup", warmup, 0)
-    device = torch.device(device)
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names if r % 2 == 0 else names[::-1]:
-            synchronize(device)
-            start = time.perf_counter()
-            fns[name]()
-            synchronize(device)
-            samples[name].append(time.perf_counter() - start)
-    out = {}
-    for name, times in samples.items():
-        times.sort()
-        out[name] = Timing(times[len(times) // 2], times[0], times[-1], len(times))
-    return out
 
 
 # ---------------------------------------------------------------------------
@@ -414,26 +324,6 @@ WIDGET_MAX_STEPS = 16
 CHAIN_LENGTHS = (16, 36, 64)
 
 
-def _gpt_params(cfg: GPTConfig) -> int:
-    h, v = cfg.d_model, cfg.vocab_size
-    per_block = 12 * h * h + 13 * h  # qkv, proj, fc, fc_out with biases; two LayerNorms
-    return v * h + cfg.seq_len * h + cfg.n_layers * per_block + 2 * h + h * v
-
-
-def _gpt_peak(cfg: GPTConfig, b: int) -> float:
-    """16 bytes per parameter (fp32 weights, gradients, Adam's two moments) + activations.
-
-    Activations: Korthikanti's per-layer bytes in fp32 with 4-byte dropout masks
-    (CPU's; CUDA keeps 1 byte, so this is an upper bound) for every block plus one
-    more for backward's working set, and three logits-sized tensors for the loss.
-    """
-    s, h, a = cfg.seq_len, cfg.d_model, cfg.n_heads
-    layer = sum(korthikanti_terms(s=s, b=b, h=h, a=a, act_bytes=4, mask_bytes=4,
-                                  dropout=cfg.dropout > 0).values())
-    logits = 3 * b * s * cfg.vocab_size * 4
-    return 16 * _gpt_params(cfg) + (cfg.n_layers + 1) * layer + logits
-
-
 def predicted_peak_bytes(scale: str) -> int:
     """Predicted peak memory of lesson 02's largest experiment at `scale`, from its formulas.
 
@@ -444,7 +334,8 @@ def predicted_peak_bytes(scale: str) -> int:
     """
     choice("scale", scale, SCALES)
     cfg, b = gpt_setup(scale)
-    candidates = [_gpt_peak(cfg, b), _gpt_peak(explainer_config(scale), widget_max_micro_batch(scale))]
+    candidates = [gpt_step_peak_bytes(cfg, b),
+                  gpt_step_peak_bytes(explainer_config(scale), widget_max_micro_batch(scale))]
     for bb, s, h, a in (block_shape(scale), selective_shape(scale)):
         candidates.append(2 * sum(korthikanti_terms(s=s, b=bb, h=h, a=a, act_bytes=4, mask_bytes=4).values()))
     width, batch = chain_shape(scale)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from helpers import accumulation as acc
-from helpers import checkpointing, pitfalls, tokens, updates
+from helpers import checkpointing, costs, formulas, pitfalls, tokens, updates
 from helpers.accumulation_lab import micro_step_memory
 from helpers.data import regression_batch, token_batch
 from helpers.device import lesson_scale
@@ -191,7 +191,7 @@ def _sweep(lab: Lab) -> dict[int, object]:
 
 def _c_linear(lab: Lab) -> Evidence:
     sweep = _sweep(lab)
-    fit = updates.linear_fit(list(sweep), [m.breakdown["activations"] for m in sweep.values()])
+    fit = formulas.linear_fit(list(sweep), [m.breakdown["activations"] for m in sweep.values()])
     return Evidence(fit.r2 >= 0.99 and fit.slope > 0, fit.r2, "R²",
                     f"activations = {_gib(fit.slope)} per example + {_gib(fit.intercept)}")
 
@@ -285,11 +285,11 @@ def _c_ckpt_flops(lab: Lab) -> Evidence:
     def step() -> None:
         lm_loss(model(idx), tgt).backward()
 
-    region = checkpointing.blocks_forward_flops(model, len(idx))  # one forward of the checkpointed region
-    plain = checkpointing.count_flops(step)
+    region = costs.blocks_forward_flops(model, len(idx))  # one forward of the checkpointed region
+    plain = costs.count_flops(step)
     model.block_wrapper = checkpointing.make_block_wrapper("full")
     try:
-        extra = checkpointing.count_flops(step) - plain
+        extra = costs.count_flops(step) - plain
     finally:
         model.block_wrapper = None
         acc.clear_grads(model)
@@ -469,7 +469,7 @@ def _c_launches(lab: Lab) -> Evidence:
         with Count():
             acc.accumulated_grad(lab.model, lm_loss, x, y, 8 // k)
         counts[k] = Count.ops
-        flops[k] = checkpointing.count_flops(
+        flops[k] = costs.count_flops(
             lambda k=k: acc.accumulated_grad(lab.model, lm_loss, x, y, 8 // k))
     ratio = counts[8] / counts[1]
     same_flops = abs(flops[8] / flops[1] - 1)

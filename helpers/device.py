@@ -23,9 +23,7 @@ import math
 import os
 import platform
 import random
-import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -192,28 +190,6 @@ def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work, so that a clock read afterwards is honest."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def median_seconds(
-    fn: Callable[[], object], *, device: torch.device, repeats: int = 5, warmup: int = 1
-) -> float:
-    """Median wall-clock seconds of `fn()` over `repeats` runs after `warmup` runs.
-
-    On CUDA the device is synchronized before each clock read.
-    """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats=} {warmup=}")
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ from helpers.accumulation import (
 )
 from helpers.data import image_batch, regression_batch
 from helpers.device import by_scale
+from helpers.formulas import convnet_activation_bytes, convnet_param_count, mlp_activation_bytes
 from helpers.models import NORMS, ConvNet, DropoutMLP
 from helpers.validate import (
     choice,
@@ -63,38 +64,12 @@ from helpers.validate import (
 )
 
 __all__ = [
-    "AMP_ORDERS",
-    "BN_MODES",
-    "SCHEDULE_MODES",
-    "AmpOutcome",
-    "LessonSizes",
-    "Schedule",
-    "Underflow",
-    "amp_dtype",
-    "amp_update",
-    "batchnorm_buffers",
-    "bn_error_by_steps",
-    "check_exercise_1",
-    "check_exercise_2",
-    "check_exercise_3",
-    "check_exercise_4",
-    "convnet_activation_bytes",
-    "default_micro_batches",
-    "dropout_grads",
-    "fp16_underflow",
-    "ghost_batch_grad",
-    "lesson_sizes",
-    "lr_schedule",
-    "mlp_activation_bytes",
-    "norm_error_curve",
-    "plot_error_curves",
-    "plot_lr_schedules",
-    "predicted_peak_bytes",
-    "set_norm_mode",
-    "show_bn_error",
-    "show_schedule",
-    "warmup_cosine",
-    "widget_latency_cases",
+    "AMP_ORDERS", "BN_MODES", "SCHEDULE_MODES", "AmpOutcome", "LessonSizes", "Schedule", "Underflow",
+    "amp_dtype", "amp_update", "batchnorm_buffers", "bn_error_by_steps", "check_exercise_1",
+    "check_exercise_2", "check_exercise_3", "check_exercise_4", "default_micro_batches", "dropout_grads",
+    "fp16_underflow", "ghost_batch_grad", "lesson_sizes", "lr_schedule", "norm_error_curve",
+    "plot_error_curves", "plot_lr_schedules", "predicted_peak_bytes", "set_norm_mode", "show_bn_error",
+    "show_schedule", "warmup_cosine", "widget_latency_cases",
 ]
 
 BN_MODES = ("train", "eval", "frozen")
@@ -559,42 +534,6 @@ def lesson_sizes(scale: str) -> LessonSizes:
     )
 
 
-def convnet_activation_bytes(batch: int, *, width: int, depth: int, size: int,
-                             in_channels: int = 3, dtype_bytes: int = 4) -> int:
-    """Predicted bytes autograd keeps for one forward of `ConvNet` (BatchNorm) on `batch` images.
-
-    The input images, then per block the norm's input and the ReLU's output
-    (the next convolution's input is that same ReLU output), each size x size
-    per channel; plus the classifier's input. Checked against
-    `saved_activation_bytes` in the tests (within 10%).
-    """
-    for name, value in (("batch", batch), ("width", width), ("depth", depth), ("size", size),
-                        ("in_channels", in_channels), ("dtype_bytes", dtype_bytes)):
-        positive_int(name, value)
-    per_image = size * size * (in_channels + 2 * width * depth) + width
-    return batch * per_image * dtype_bytes
-
-
-def mlp_activation_bytes(n: int, *, d_in: int, width: int, depth: int, expansion: int = 4,
-                         dtype_bytes: int = 4) -> int:
-    """Predicted bytes autograd keeps for one forward of `ResidualMLP` on `n` examples.
-
-    Per block: the LayerNorm's input and output, fc1's output and GELU's output
-    (`expansion` x width each); plus the input and the output layer's input.
-    Checked against `saved_activation_bytes` in the tests (within 10%).
-    """
-    for name, value in (("n", n), ("d_in", d_in), ("width", width), ("depth", depth),
-                        ("expansion", expansion), ("dtype_bytes", dtype_bytes)):
-        positive_int(name, value)
-    per_example = d_in + width + depth * (2 * width + 2 * expansion * width)
-    return n * per_example * dtype_bytes
-
-
-def _convnet_param_count(width: int, depth: int, in_channels: int = 3, classes: int = 10) -> int:
-    convs = 9 * width * (in_channels + width * (depth - 1))
-    return convs + 2 * width * depth + width * classes + classes
-
-
 def predicted_peak_bytes(scale: str) -> int:
     """Predicted peak memory of lesson 04's largest experiment at `scale`, in bytes.
 
@@ -606,7 +545,7 @@ def predicted_peak_bytes(scale: str) -> int:
     update (counted in float32, an upper bound for float16).
     """
     s = lesson_sizes(scale)
-    conv_state = 4 * 4 * _convnet_param_count(s.width, 3)
+    conv_state = 4 * 4 * convnet_param_count(s.width, 3)
     bn_batch = max(s.batch, s.widget_b_max * s.widget_k_max)
     conv = conv_state + 2 * convnet_activation_bytes(bn_batch, width=s.width, depth=3, size=s.size)
     def mlp(n: int, d_in: int, width: int) -> int:

@@ -30,30 +30,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from helpers.formulas import korthikanti_activation_bytes, linear_fit
 from helpers.models import GPTConfig
-from helpers.saved_tensors import korthikanti_terms
-from helpers.updates import linear_fit
 from helpers.validate import callable_arg, positive_int, positive_number
 
 __all__ = [
-    "CAVEATS",
-    "DECISION_RULE",
-    "FSDP",
-    "GB",
-    "MIXED_PRECISION",
-    "PURE_BF16",
-    "REMEDIES",
-    "RULE_COROLLARY",
-    "Estimate",
-    "MemoryProfile",
-    "Plan",
-    "RemedyFloor",
-    "fit_profile",
-    "decision_rule",
-    "korthikanti_activation_bytes",
-    "popular_estimates",
-    "recommend",
-    "remedy_floors",
+    "CAVEATS", "DECISION_RULE", "FSDP", "GB", "MIXED_PRECISION", "PURE_BF16", "REMEDIES", "RULE_COROLLARY",
+    "Estimate", "MemoryProfile", "Plan", "RemedyFloor", "decision_rule", "fit_profile", "popular_estimates",
+    "recommend", "remedy_floors",
 ]
 
 GB = 1e9  # the explainer speaks in decimal gigabytes
@@ -473,23 +457,6 @@ class Estimate:
     def error(self) -> float:
         """Relative error (predicted - measured) / measured; negative is an underestimate."""
         return (self.predicted_bytes - self.measured_bytes) / self.measured_bytes
-
-
-def korthikanti_activation_bytes(cfg: GPTConfig, micro_batch: int, *, recompute: bool,
-                                 act_bytes: int = 4) -> float:
-    """Korthikanti et al.'s activation bytes for `cfg.n_layers` layers at `micro_batch`.
-
-    Without recomputation: sbh(34 + 5as/h) per layer in 16-bit, here with
-    `act_bytes` per element and without the dropout terms (this model has no dropout).
-    With full recomputation: the 2sbh (16-bit) layer input per layer. Either way the
-    formula covers the transformer layers only.
-    """
-    s, h, a, n = cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.n_layers
-    b = positive_int("micro_batch", micro_batch)
-    if recompute:
-        return n * s * b * h * act_bytes
-    terms = korthikanti_terms(s=s, b=b, h=h, a=a, act_bytes=act_bytes, dropout=cfg.dropout > 0)
-    return n * sum(terms.values())
 
 
 def popular_estimates(cfg: GPTConfig, n_params: int, micro_batch: int, measured_peak: int, *,

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 import torch
 
 from helpers.device import SCALES, by_scale
+from helpers.formulas import korthikanti_activation_bytes
 from helpers.memory import run_or_oom
 from helpers.models import GPT, GPTConfig
 from helpers.phases import PhaseMemory, UpdateMeasurer
-from helpers.planner import GB, MemoryProfile, Plan, fit_profile, korthikanti_activation_bytes, recommend
+from helpers.planner import GB, MemoryProfile, Plan, fit_profile, recommend
 from helpers.validate import choice, positive_int, positive_number
 
 __all__ = [

@@ -32,10 +32,10 @@ from helpers import accumulation as acc
 from helpers import checkpointing
 from helpers.claims import CLAIMS, LAB_CONFIG, Claim, Evidence, Lab
 from helpers.device import lesson_scale, memory_method, pick_device
+from helpers.formulas import predicted_update_peak_bytes
 from helpers.models import GPT, explainer_config
 from helpers.planner import RULE_COROLLARY, decision_rule
 from helpers.training import lm_loss
-from helpers.updates import predicted_update_peak_bytes
 from helpers.validate import choice, positive_int
 
 __all__ = [

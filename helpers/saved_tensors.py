@@ -23,69 +23,12 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy
 
 from helpers.memory import saved_activation_bytes
-from helpers.validate import instance_arg, int_at_least, positive_int, positive_number, tensor_arg
+from helpers.validate import instance_arg, int_at_least, tensor_arg
 
 __all__ = [
-    "KORTHIKANTI",
-    "QUADRATIC_TERMS",
-    "Policy",
-    "SavedTensor",
-    "attention_core_policy",
-    "bytes_by_term",
-    "dropout_mask_bytes",
-    "korthikanti_terms",
-    "save_matmul_outputs",
-    "saved_tensor_table",
+    "Policy", "SavedTensor", "attention_core_policy", "bytes_by_term", "dropout_mask_bytes",
+    "save_matmul_outputs", "saved_tensor_table",
 ]
-
-# Korthikanti et al. 2022, Table/Sec. 4.1: bytes per layer in 16-bit, as
-# (term, coefficient, unit, kind). unit "sbh" or "as2b"; kind "act" (2 bytes
-# per element in 16-bit) or "mask" (dropout mask, 1 byte per element).
-KORTHIKANTI = (
-    ("LayerNorm inputs", 4, "sbh", "act"),
-    ("QKV input", 2, "sbh", "act"),
-    ("Q, K", 4, "sbh", "act"),
-    ("softmax output", 2, "as2b", "act"),
-    ("attention dropout mask", 1, "as2b", "mask"),
-    ("attention dropout output", 2, "as2b", "act"),
-    ("V", 2, "sbh", "act"),
-    ("projection input", 2, "sbh", "act"),
-    ("projection dropout mask", 1, "sbh", "mask"),
-    ("MLP input", 2, "sbh", "act"),
-    ("GELU input", 8, "sbh", "act"),
-    ("fc_out input (GELU output)", 8, "sbh", "act"),
-    ("MLP dropout mask", 1, "sbh", "mask"),
-)
-# The terms that grow with s^2: the attention core's softmax output, its dropout mask and output.
-QUADRATIC_TERMS = ("softmax output", "attention dropout mask", "attention dropout output")
-_DROPOUT_ONLY = {"attention dropout mask", "attention dropout output", "projection dropout mask",
-                 "MLP dropout mask"}
-
-
-def korthikanti_terms(
-    *, s: int, b: int, h: int, a: int, act_bytes: float = 2, mask_bytes: float = 1,
-    dropout: bool = True,
-) -> dict[str, float]:
-    """Bytes per transformer layer, term by term: sbh(34 + 5as/h) for 16-bit.
-
-    `act_bytes` is the element size of activations (2 in the paper, 4 in fp32)
-    and `mask_bytes` that of a dropout mask (1 for a bool mask). Every 2-byte
-    term is scaled by act_bytes / 2. With `dropout=False` the masks and the
-    separate dropout output (then the softmax output itself) are left out.
-    """
-    for name, value in {"s": s, "b": b, "h": h, "a": a}.items():
-        positive_int(name, value)
-    positive_number("act_bytes", act_bytes)
-    positive_number("mask_bytes", mask_bytes)
-    unit = {"sbh": s * b * h, "as2b": a * s * s * b}
-    out = {}
-    for term, coef, size, kind in KORTHIKANTI:
-        if not dropout and term in _DROPOUT_ONLY:
-            continue
-        # coef counts 2-byte elements for "act" terms and 1-byte elements for masks
-        elements = coef / 2 if kind == "act" else coef
-        out[term] = elements * (act_bytes if kind == "act" else mask_bytes) * unit[size]
-    return out
 
 
 def dropout_mask_bytes(device: torch.device | str = "cpu") -> float:

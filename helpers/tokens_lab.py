@@ -25,6 +25,7 @@ from torch import nn
 from helpers import plots
 from helpers.accumulation import cleared_grads, compare_grads, flat_grad
 from helpers.device import SCALES
+from helpers.formulas import meta_param_count, predicted_step_peak_bytes
 from helpers.models import GPT, GPTConfig
 from helpers.tokens import (
     IGNORE_INDEX,
@@ -37,25 +38,12 @@ from helpers.tokens import (
     variable_length_sequences,
 )
 from helpers.training import lm_loss
-from helpers.updates import activation_bytes_per_example
-from helpers.validate import choice, number_in_range, positive_int
+from helpers.validate import choice, number_in_range
 
 __all__ = [
-    "ERROR_FLOOR",
-    "TOLERANCE",
-    "TokenSizes",
-    "check_exercise_1",
-    "check_exercise_2",
-    "check_exercise_3",
-    "check_exercise_4",
-    "draw_errors",
-    "lesson_sizes",
-    "plot_training_curves",
-    "predicted_peak_bytes",
-    "predicted_step_peak_bytes",
-    "show_token_report",
-    "weight_distance",
-    "widget_latency_cases",
+    "ERROR_FLOOR", "TOLERANCE", "TokenSizes", "check_exercise_1", "check_exercise_2", "check_exercise_3",
+    "check_exercise_4", "draw_errors", "lesson_sizes", "plot_training_curves", "predicted_peak_bytes",
+    "show_token_report", "weight_distance", "widget_latency_cases",
 ]
 
 ERROR_FLOOR = 1e-9  # an exact-zero error is drawn here on a log axis, with its own marker
@@ -342,24 +330,6 @@ def check_exercise_4(loss_fn: object) -> str:
 
 
 # -- per-lesson protocol -------------------------------------------------------------------
-def _param_count(cfg: GPTConfig) -> int:
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):
-        return sum(p.numel() for p in GPT(cfg).parameters())
-
-
-def predicted_step_peak_bytes(cfg: GPTConfig, n_seqs: int) -> int:
-    """Predicted peak of one float32 Adam full-batch step over `n_seqs` sequences of `seq_len`.
-
-    16 bytes per parameter (weights, gradients, two Adam moments) plus, per
-    sequence, lesson 01's validated activation formula
-    (`helpers.updates.activation_bytes_per_example`) and the logits' gradient and
-    log-softmax gradient (2 sV floats). Padded batches are at most this long, so
-    this bounds lesson 05's steps; tests/test_tokens.py checks it against the CPU
-    tracker (`cpu-tracker`). Nothing is allocated.
-    """
-    positive_int("n_seqs", n_seqs)
-    per_seq = activation_bytes_per_example(cfg) + 2 * 4 * cfg.seq_len * cfg.vocab_size
-    return 16 * _param_count(cfg) + n_seqs * per_seq
 
 
 def predicted_peak_bytes(scale: str) -> int:
@@ -373,7 +343,7 @@ def predicted_peak_bytes(scale: str) -> int:
     """
     sizes = lesson_sizes(scale)
     cfg = sizes.config()
-    others = (2 * 16 + 4) * _param_count(cfg)
+    others = (2 * 16 + 4) * meta_param_count(cfg)
     return predicted_step_peak_bytes(cfg, sizes.largest_batch) + others
 
 

@@ -27,21 +27,17 @@ import torch
 from helpers import plots
 from helpers.data import token_batch
 from helpers.memory import StepMemory, measure_step, run_or_oom
-from helpers.models import GPT, BlockWrapper, GPTConfig, device_of
+from helpers.models import GPT, BlockWrapper, device_of
 from helpers.tracker import release_point
-from helpers.training import OPTIMIZERS, STATE_PER_PARAM, lm_loss, make_optimizer
-from helpers.validate import choice, instance_arg, int_at_least, positive_int
+from helpers.training import lm_loss, make_optimizer
+from helpers.validate import int_at_least, positive_int
 
 __all__ = [
-    "BUDGET_LABEL", "FP32", "ConfigMemory", "LinearFit", "activation_bytes_per_example", "activation_sweep",
-    "breakdown_for", "held_logits_bytes_per_example", "linear_fit", "measure_config", "measure_update",
-    "param_counts", "plot_measured_table", "predicted_update_peak_bytes",
+    "BUDGET_LABEL", "ConfigMemory", "activation_sweep", "breakdown_for", "measure_config", "measure_update",
+    "plot_measured_table",
 ]
 
-FP32 = 4  # bytes per float32 element
 BUDGET_LABEL = "24 GB budget, scaled (drawn)"
-
-
 
 
 def _batch(model: GPT, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,77 +46,6 @@ def _batch(model: GPT, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # -- formulas the lesson checks against measurement ------------------------------------------
-def _check_formula_config(cfg: GPTConfig) -> None:
-    instance_arg("cfg", cfg, GPTConfig, "helpers.models.GPTConfig")
-    if cfg.dropout != 0.0 or cfg.fused_attention:
-        raise ValueError(
-            "the formula covers the lesson's model only: dropout=0.0 and fused_attention=False, "
-            f"got dropout={cfg.dropout}, fused_attention={cfg.fused_attention}"
-        )
-
-
-def activation_bytes_per_example(cfg: GPTConfig) -> int:
-    """Float32 bytes autograd saves per example for one forward of the lesson's GPT.
-
-    With s = sequence, h = d_model, a = heads, L = layers, V = vocabulary, in
-    elements: L(16sh + as^2) + 2sh + 2(2L + 1)s + sV. Per block: LayerNorm inputs
-    (2sh) and outputs (2sh), copies of q, k, v and of the attention output (4sh),
-    the softmax output (as^2), the MLP's first Linear output (4sh) and GELU output
-    (4sh). Then the last LayerNorm's input and output (2sh), every LayerNorm's
-    mean and 1/std (2s each) and the log-softmax of the loss (sV). Only for
-    `dropout=0` and the written-out attention (the lesson's model).
-    """
-    _check_formula_config(cfg)
-    s, h, a, n, v = cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.vocab_size
-    elements = n * (16 * s * h + a * s * s) + 2 * s * h + 2 * (2 * n + 1) * s + s * v
-    return FP32 * elements
-
-
-def held_logits_bytes_per_example(cfg: GPTConfig) -> int:
-    """Float32 bytes per example of the logits that the loop's `logits` variable holds: s V floats.
-
-    Autograd does not keep the logits (the loss's log-softmax keeps its own output), but
-    the loop's variable does, until the next micro-step reassigns it; at the peak of an
-    update they sit beside the saved activations.
-    """
-    _check_formula_config(cfg)
-    return FP32 * cfg.seq_len * cfg.vocab_size
-
-
-def param_counts(cfg: GPTConfig) -> tuple[int, int]:
-    """(parameter elements, parameter tensors) of GPT(cfg), built on the meta device (no memory)."""
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):
-        model = GPT(cfg)
-    params = list(model.parameters())
-    return sum(p.numel() for p in params), len(params)
-
-
-def predicted_update_peak_bytes(cfg: GPTConfig, micro_batch: int, *, optimizer: str = "adam",
-                                steps: int = 2) -> int:
-    """Predicted peak of one accumulation update of `steps` micro-batches (float32, CPU tracker).
-
-    The peak comes at the start of the last micro-step's backward: parameters,
-    gradients (alive from the second micro-step on), optimizer state (`STATE_PER_PARAM`
-    parameter-sized tensors; Adam also a 4-byte step counter per parameter tensor), the micro-batch's
-    activations (`activation_bytes_per_example`), the logits the loop's variable holds
-    (`held_logits_bytes_per_example`, counted with the activations), and, as "other", the
-    gradient of the logits and of their log-softmax (2 sV floats per example) and the
-    causal masks (L s^2 bytes). On a GPU the caching allocator adds rounding, and Adam's
-    step counters live on the CPU.
-    """
-    positive_int("micro_batch", micro_batch)
-    positive_int("steps", steps)
-    choice("optimizer", optimizer, OPTIMIZERS)
-    _check_formula_config(cfg)
-    n_elements, n_tensors = param_counts(cfg)
-    p = FP32 * n_elements
-    counters = FP32 * n_tensors if optimizer in ("adam", "adamw") else 0  # one step counter per tensor
-    state = STATE_PER_PARAM[optimizer] * p + counters
-    grads = p if steps >= 2 else 0
-    s, v = cfg.seq_len, cfg.vocab_size
-    per_example = activation_bytes_per_example(cfg) + held_logits_bytes_per_example(cfg) + 2 * FP32 * s * v
-    fixed = 8 * s + 2 * FP32 + cfg.n_layers * s * s  # positions (int64), loss scalars, causal masks
-    return p + grads + state + micro_batch * per_example + fixed
 
 
 # -- measured rows -----------------------------------------------------------------------------
@@ -219,33 +144,6 @@ def activation_sweep(
 
     sizes = tqdm(micro_batches, desc="micro-batch sweep", disable=not progress)
     return {b: breakdown_for(model, b, optimizer) for b in sizes}
-
-
-@dataclass(frozen=True)
-class LinearFit:
-    """y = slope * x + intercept, with its coefficient of determination."""
-
-    slope: float
-    intercept: float
-    r2: float
-
-
-def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> LinearFit:
-    """Least-squares line through (xs, ys) and its R^2."""
-    if len(xs) != len(ys) or len(xs) < 2:
-        raise ValueError(f"need two equal-length sequences of >= 2 points, got {len(xs)}, {len(ys)}")
-    x = torch.tensor(xs, dtype=torch.float64)
-    y = torch.tensor(ys, dtype=torch.float64)
-    xm, ym = x.mean(), y.mean()
-    sxx = ((x - xm) ** 2).sum()
-    if sxx == 0:
-        raise ValueError("xs are all equal; a line needs at least two distinct x values")
-    slope = ((x - xm) * (y - ym)).sum() / sxx
-    intercept = ym - slope * xm
-    ss_res = ((y - (slope * x + intercept)) ** 2).sum()
-    ss_tot = ((y - ym) ** 2).sum()
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
-    return LinearFit(float(slope), float(intercept), float(r2))
 
 
 def plot_measured_table(rows: Sequence[ConfigMemory], labels: Sequence[str] | None = None,

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import accumulation_lab as lab
+from helpers import formulas
 from helpers.accumulation import compare_grads, flat_grad, full_batch_grad
 from helpers.accumulation_lab import (
     angle_degrees,
@@ -166,12 +167,12 @@ def test_gpt_activation_formula_and_param_count():
         model = GPT(cfg)
         x, y = token_batch(b, cfg.seq_len, cfg.vocab_size, seed=0)
         act = saved_activation_bytes(lambda model=model, x=x, y=y: lm_loss(model(x), y))
-        assert abs(act / lab.gpt_activation_bytes(cfg, b) - 1) <= 0.05
-        assert lab.gpt_param_count(cfg) == sum(p.numel() for p in model.parameters())
+        assert abs(act / formulas.gpt_activation_bytes(cfg, b) - 1) <= 0.05
+        assert formulas.gpt_param_count(cfg) == sum(p.numel() for p in model.parameters())
     with pytest.raises(TypeError, match="GPTConfig"):
-        lab.gpt_activation_bytes("cfg", 2)
+        formulas.gpt_activation_bytes("cfg", 2)
     with pytest.raises(TypeError, match="micro_batch"):
-        lab.gpt_activation_bytes(cfg, True)
+        formulas.gpt_activation_bytes(cfg, True)
 
 
 @pytest.mark.parametrize("scale", ["tiny", "small", "medium", "full"])

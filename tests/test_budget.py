@@ -22,12 +22,10 @@ from helpers.budget import (
 )
 from helpers.data import token_batch
 from helpers.device import SCALES
+from helpers.formulas import activation_bytes_per_example
 from helpers.memory import saved_activation_bytes
 from helpers.models import GPT, explainer_config, explainer_model
 from helpers.training import lm_loss
-from helpers.updates import (
-    activation_bytes_per_example,
-)
 
 CPU = torch.device("cpu")
 

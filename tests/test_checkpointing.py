@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint
 
 from helpers import checkpointing as ckpt
+from helpers import costs
 from helpers.data import image_batch, token_batch
 from helpers.device import seed_everything
 from helpers.memory import new_live_bytes, saved_activation_bytes
@@ -36,13 +37,6 @@ def _loss(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return lm_loss(model(idx), targets)
 
 
-def test_count_flops_linear() -> None:
-    lin = torch.nn.Linear(8, 4, bias=False)
-    assert ckpt.count_flops(lambda: lin(torch.randn(3, 8))) == 2 * 3 * 8 * 4
-    with pytest.raises(ValueError, match="callable"):
-        ckpt.count_flops(42)  # type: ignore[arg-type]
-
-
 def test_block_wrapper_arguments() -> None:
     assert ckpt.make_block_wrapper("none") is None
     with pytest.raises(ValueError, match="policy"):
@@ -61,7 +55,7 @@ def test_full_and_selective_checkpointing() -> None:
         def step() -> None:
             _loss(model, idx, targets).backward()
 
-        extra[policy] = ckpt.count_flops(step)
+        extra[policy] = costs.count_flops(step)
         model.zero_grad(set_to_none=True)
         seed_everything(1)
         step()
@@ -290,21 +284,6 @@ def test_segment_sizes_uneven_last_segment() -> None:
         ckpt.segment_sizes(9, 10)
 
 
-def test_interleaved_times_shape_and_arguments() -> None:
-    calls: list[str] = []
-    times = ckpt.interleaved_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
-                                   repeats=3, warmup=1)
-    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up, then alternating order
-    for t in times.values():
-        assert t.runs == 3 and t.low <= t.median <= t.high
-        assert "min-max" in t.describe()
-    assert times["a"].scaled(2).median == 2 * times["a"].median
-    with pytest.raises(ValueError, match="repeats"):
-        ckpt.interleaved_times({"a": lambda: None}, repeats=0)
-    with pytest.raises(ValueError):
-        ckpt.interleaved_times({})
-
-
 def test_exercise_checkers() -> None:
     assert ckpt.check_exercise_1(109).startswith("Correct")
     # fp32, 4-byte masks, by hand: sbh terms 32 two-byte elements -> 64 B plus 2 masks x 4 B = 72;
@@ -327,16 +306,6 @@ def test_exercise_checkers() -> None:
     assert ckpt.check_exercise_4(2, 2).startswith("Half right")
     assert ckpt.check_exercise_4(1, 1).startswith("Hint")
     assert ckpt.check_exercise_4(None, 1).startswith("Hint")
-
-
-def test_blocks_forward_flops_by_hand() -> None:
-    """One forward of a GPT's blocks: 24bsh^2 (qkv, proj, the 4h-wide MLP) + 4bs^2h (QK^T, PV) each."""
-    cfg = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=3, dropout=0.0)
-    model = GPT(cfg)
-    b, s, h = 5, 8, 16
-    assert ckpt.blocks_forward_flops(model, b) == 3 * (24 * b * s * h * h + 4 * b * s * s * h)
-    with pytest.raises(ValueError, match="micro_batch"):
-        ckpt.blocks_forward_flops(model, 0)
 
 
 def test_exercise_3_checker_agrees_with_the_lessons_own_measurement() -> None:
@@ -425,53 +394,12 @@ def test_trade_off_flops_against_an_independent_count() -> None:
 
 
 def test_result_objects_are_frozen() -> None:
-    timing = ckpt.Timing(1.0, 0.5, 2.0, 3)
+    timing = costs.Timing(1.0, 0.5, 2.0, 3)
     point = ckpt.SegmentPoint(2, 10, 20)
     row = ckpt.TradeOff(2, 4, False, None, 8, 8, timing)  # type: ignore[arg-type]
     for obj, field in ((timing, "median"), (point, "saved_bytes"), (row, "steps")):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(obj, field, 0)
-
-
-def test_timing_scaled_multiplies_median_and_both_ends() -> None:
-    # 2, 1, 3 s over 5 runs, times K = 4 micro-steps: 8, 4, 12 s, still 5 runs.
-    assert ckpt.Timing(2.0, 1.0, 3.0, 5).scaled(4) == ckpt.Timing(8.0, 4.0, 12.0, 5)
-
-
-class _FakeClock:
-    """`time.perf_counter` that moves only when a timed callable "runs" for a given duration."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0  # far from 0, so start + end cannot pass for end - start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def runner(self, durations: list[float]) -> Callable[[], None]:
-        todo = iter(durations)
-
-        def run() -> None:
-            self.now += next(todo)
-
-        return run
-
-
-def test_interleaved_times_reads_a_fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Known durations: the median, min and max of the timed runs, warm-up excluded."""
-    clock = _FakeClock()
-    monkeypatch.setattr(ckpt.time, "perf_counter", clock)
-    # warm-up 100 s (not timed), then 3, 1, 5, 2, 4 s: sorted 1..5, median 3.
-    fns = {"a": clock.runner([100.0, 3.0, 1.0, 5.0, 2.0, 4.0]),
-           "b": clock.runner([100.0, 0.5, 0.5, 0.5, 0.5, 0.5])}
-    times = ckpt.interleaved_times(fns, repeats=5, warmup=1)
-    assert times["a"] == ckpt.Timing(3.0, 1.0, 5.0, 5)
-    assert times["b"] == ckpt.Timing(0.5, 0.5, 0.5, 5)
-
-
-def test_interleaved_times_defaults_one_warmup_and_five_runs() -> None:
-    calls: list[str] = []
-    times = ckpt.interleaved_times({"a": lambda: calls.append("a")})
-    assert len(calls) == 1 + 5 and times["a"].runs == 5
 
 
 def test_default_block_wrapper_matches_the_notebooks_checkpoint_call() -> None:
@@ -596,7 +524,7 @@ def test_trade_off_reference_rows_and_labels() -> None:
     """The explainer's three rows: 8 x 4 and 4 x 8 without checkpointing, 4 x 8 with it."""
     assert [b * k for b, k, _ in ckpt.REFERENCE_ROWS] == [32, 32, 32]
     assert [(b, on) for b, _, on in ckpt.REFERENCE_ROWS] == [(8, False), (4, False), (4, True)]
-    timing = ckpt.Timing(1.0, 1.0, 1.0, 1)
+    timing = costs.Timing(1.0, 1.0, 1.0, 1)
     assert ckpt.TradeOff(8, 4, False, None, 0, 0, timing).label == "8 x 4"  # type: ignore[arg-type]
 
 
@@ -690,7 +618,7 @@ def test_predicted_peak_other_candidates(monkeypatch: pytest.MonkeyPatch) -> Non
     - the MLP chain at k = 1: its 64 layers with 8 boundary-sized fp32 tensors each, which
       bounds what a layer keeps (measured below: about 6 boundaries a layer, plus backward's).
     """
-    monkeypatch.setattr(ckpt, "_gpt_peak", lambda cfg, b: 0)
+    monkeypatch.setattr(ckpt, "gpt_step_peak_bytes", lambda cfg, b: 0)
     b, s, h, a = 4, 256, 64, 4
     assert ckpt.predicted_peak_bytes("small") == 2 * (72 * s * b * h + 12 * a * s * s * b)
     monkeypatch.setattr(ckpt, "block_shape", lambda scale: (1, 1, 1, 1))

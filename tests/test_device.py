@@ -7,7 +7,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import helpers.device as device_mod
 from helpers.device import (
     GB,
     SCALES,
@@ -15,7 +14,6 @@ from helpers.device import (
     by_scale,
     gpu_memory_cap_gb,
     lesson_scale,
-    median_seconds,
     memory_method,
     pick_device,
     pick_scale,
@@ -187,42 +185,3 @@ def test_setup_lesson_prints_environment(monkeypatch: pytest.MonkeyPatch, capsys
     assert lesson.scale == "tiny" and lesson.method == memory_method(lesson.device) == "cpu-tracker"
     assert f"torch {torch.__version__}" in out and "scale tiny" in out and "cpu-tracker" in out
     assert "scale tiny: LESSONS_SCALE=tiny" in out and "memory cap" not in out
-
-
-def test_median_seconds() -> None:
-    calls = []
-    t = median_seconds(lambda: calls.append(1), device=torch.device("cpu"), repeats=3, warmup=2)
-    assert len(calls) == 5 and t >= 0
-    with pytest.raises(ValueError, match="repeats"):
-        median_seconds(lambda: None, device=torch.device("cpu"), repeats=0)
-
-
-class _FakeClock:
-    """perf_counter that moves only when the timed function runs, by a known duration per call."""
-
-    def __init__(self, durations: list[float]) -> None:
-        self.now, self.durations, self.calls = 0.0, list(durations), 0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def step(self) -> None:
-        self.now += self.durations[self.calls]
-        self.calls += 1
-
-
-@pytest.mark.parametrize(
-    ("durations", "repeats", "expected"),
-    [
-        ([100.0, 5.0, 1.0, 4.0, 2.0, 3.0], 5, 3.0),  # the 100 s warm-up is not timed; unsorted middle: 4
-        ([100.0, 4.0, 1.0, 3.0, 2.0], 4, 3.0),  # an even count: the upper middle of 1, 2, 3, 4
-        ([100.0, 7.0], 1, 7.0),
-    ],
-)
-def test_median_seconds_with_a_fake_clock(
-    monkeypatch: pytest.MonkeyPatch, durations: list[float], repeats: int, expected: float
-) -> None:
-    clock = _FakeClock(durations)
-    monkeypatch.setattr(device_mod.time, "perf_counter", clock.perf_counter)
-    assert median_seconds(clock.step, device=torch.device("cpu"), repeats=repeats, warmup=1) == expected
-    assert clock.calls == repeats + 1

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import pitfalls
+from helpers import formulas, pitfalls
 from helpers.accumulation import accumulated_grad, compare_grads, full_batch_grad
 from helpers.data import image_batch, regression_batch
 from helpers.models import ConvNet, DropoutMLP, ResidualMLP
@@ -226,12 +226,12 @@ def test_activation_formulas_match_measurement() -> None:
     model = ConvNet(3, 16, 3, 10, norm="batch")
     x, y = image_batch(8, size=8)
     act = saved_activation_bytes(lambda: F.cross_entropy(model(x), y))
-    pred = pitfalls.convnet_activation_bytes(8, width=16, depth=3, size=8)
+    pred = formulas.convnet_activation_bytes(8, width=16, depth=3, size=8)
     assert act <= pred <= 1.1 * act, (act, pred)
     mlp = ResidualMLP(32, 64, 2, 1)
     x, y = regression_batch(16, 32, 1)
     act = saved_activation_bytes(lambda: F.mse_loss(mlp(x), y))
-    pred = pitfalls.mlp_activation_bytes(16, d_in=32, width=64, depth=2)
+    pred = formulas.mlp_activation_bytes(16, d_in=32, width=64, depth=2)
     assert act <= pred <= 1.1 * act, (act, pred)
 
 
@@ -300,7 +300,7 @@ def test_exercise_checkers(check, right, wrong, capsys) -> None:
                                      *regression_batch(4, 8), 2, loss_weight=0.0), "loss_weight"),
         (lambda: pitfalls.bn_error_by_steps(0, 4), "micro_batch must be"),
         (lambda: pitfalls.lesson_sizes("huge"), "scale='huge'"),
-        (lambda: pitfalls.convnet_activation_bytes(0, width=4, depth=1, size=4), "batch must be"),
+        (lambda: formulas.convnet_activation_bytes(0, width=4, depth=1, size=4), "batch must be"),
         (lambda: pitfalls.dropout_grads(2, shared_masks=True, batch=4, seed=-1), "seed must be"),
     ],
 )

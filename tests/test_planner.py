@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import planner
+from helpers import formulas, planner
 from helpers.data import regression_batch
 from helpers.memory import StepMemory, measure_step
 from helpers.models import GPTConfig, ResidualMLP
@@ -185,8 +185,8 @@ def test_popular_estimates() -> None:
     assert all(e.leaves_out for e in est)
     # full recompute keeps one (s, b, h) input per layer: 4 bytes each in fp32
     s, h, n = cfg.seq_len, cfg.d_model, cfg.n_layers
-    assert planner.korthikanti_activation_bytes(cfg, 4, recompute=True) == n * s * 4 * h * 4
-    assert planner.korthikanti_activation_bytes(cfg, 4, recompute=False) > n * s * 4 * h * 4
+    assert formulas.korthikanti_activation_bytes(cfg, 4, recompute=True) == n * s * 4 * h * 4
+    assert formulas.korthikanti_activation_bytes(cfg, 4, recompute=False) > n * s * 4 * h * 4
 
 
 def test_remedy_floors() -> None:
@@ -465,8 +465,8 @@ def test_korthikanti_estimate_by_hand() -> None:
     sbh, as2b = s * b * h, a * s * s * b  # 256 and 256
     no_dropout = GPTConfig(seq_len=s, d_model=h, n_heads=a, n_layers=n, dropout=0.0)
     dropout = GPTConfig(seq_len=s, d_model=h, n_heads=a, n_layers=n, dropout=0.1)
-    assert planner.korthikanti_activation_bytes(no_dropout, b, recompute=False) == n * (64 * sbh + 4 * as2b)
-    assert planner.korthikanti_activation_bytes(dropout, b, recompute=False) == n * (66 * sbh + 9 * as2b)
+    assert formulas.korthikanti_activation_bytes(no_dropout, b, recompute=False) == n * (64 * sbh + 4 * as2b)
+    assert formulas.korthikanti_activation_bytes(dropout, b, recompute=False) == n * (66 * sbh + 9 * as2b)
     est = {e.name: e for e in planner.popular_estimates(no_dropout, 1000, b, 100_000, checkpointed=False)}
     korth = est["16 B/param + Korthikanti (sbh(34 + 5as/h) per layer)"]
     assert korth.predicted_bytes == 16_000 + 3 * 17_408

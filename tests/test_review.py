@@ -111,7 +111,7 @@ def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
     small share of the step on the recompute: the old proxy (1.05 <= ckpt / plain <= 1.40) failed it,
     though the claim holds.
     """
-    from helpers import checkpointing
+    from helpers import checkpointing, costs
     from helpers.claims import CLAIMS
     from helpers.models import GPTConfig, seeded_gpt
     from helpers.training import lm_loss
@@ -123,9 +123,9 @@ def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
     lab.cache["lesson_model 02"] = wide  # stands in for lesson 02's model
     ev = c11.run(lab)
     idx, tgt = lab.lesson_tokens("02", 4)  # lesson 02's micro-batch at "tiny"
-    plain = checkpointing.count_flops(lambda: lm_loss(wide(idx), tgt).backward())
+    plain = costs.count_flops(lambda: lm_loss(wide(idx), tgt).backward())
     wide.block_wrapper = checkpointing.make_block_wrapper("full")
-    ckpt = checkpointing.count_flops(lambda: lm_loss(wide(idx), tgt).backward())
+    ckpt = costs.count_flops(lambda: lm_loss(wide(idx), tgt).backward())
     wide.block_wrapper = None
     s, h = 16, 16
     region = 4 * s * h * (24 * h + 4 * s)  # one block's forward, counted by hand: 24bsh^2 + 4bs^2h

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from helpers import formulas
 from helpers import saved_tensors as st
 from helpers.checkpointing import selective_shape
 from helpers.device import seed_everything
@@ -24,11 +25,11 @@ def _block(**cfg: object) -> GPTBlock:
 
 
 def test_korthikanti_16bit_matches_paper() -> None:
-    terms = st.korthikanti_terms(s=S, b=B, h=H, a=A)
+    terms = formulas.korthikanti_terms(s=S, b=B, h=H, a=A)
     assert sum(terms.values()) == pytest.approx(S * B * H * (34 + 5 * A * S / H))
-    fp32 = st.korthikanti_terms(s=S, b=B, h=H, a=A, act_bytes=4, mask_bytes=1)
+    fp32 = formulas.korthikanti_terms(s=S, b=B, h=H, a=A, act_bytes=4, mask_bytes=1)
     assert sum(fp32.values()) == pytest.approx(S * B * H * (66 + 9 * A * S / H))
-    no_drop = st.korthikanti_terms(s=S, b=B, h=H, a=A, dropout=False)
+    no_drop = formulas.korthikanti_terms(s=S, b=B, h=H, a=A, dropout=False)
     assert sum(no_drop.values()) == pytest.approx(S * B * H * (32 + 2 * A * S / H))
 
 
@@ -36,7 +37,7 @@ def test_korthikanti_16bit_matches_paper() -> None:
 def test_korthikanti_rejects_bad_sizes(bad: dict) -> None:
     kwargs = {"s": S, "b": B, "h": H, "a": A, **bad}
     with pytest.raises(ValueError):
-        st.korthikanti_terms(**kwargs)
+        formulas.korthikanti_terms(**kwargs)
 
 
 def test_dropout_mask_bytes_cpu() -> None:
@@ -49,7 +50,7 @@ def test_saved_table_matches_tracker_and_formula() -> None:
     rows = st.saved_tensor_table(block, x)
     measured = saved_activation_bytes(lambda: block(x + 0))
     assert sum(r.nbytes for r in rows) == pytest.approx(measured, rel=0.01)
-    formula = st.korthikanti_terms(s=S, b=B, h=H, a=A, act_bytes=4,
+    formula = formulas.korthikanti_terms(s=S, b=B, h=H, a=A, act_bytes=4,
                                      mask_bytes=st.dropout_mask_bytes())
     assert measured == pytest.approx(sum(formula.values()), rel=0.10)
     by_term = st.bytes_by_term(rows)
@@ -82,7 +83,7 @@ def test_fused_attention_removes_quadratic_term() -> None:
     plain = saved_activation_bytes(lambda: plain_block(x + 0))
     fused_block = _block(dropout=0.0, fused_attention=True)
     fused = saved_activation_bytes(lambda: fused_block(x + 0))
-    quad = st.korthikanti_terms(s=S, b=B, h=H, a=A, act_bytes=4, dropout=False)["softmax output"]
+    quad = formulas.korthikanti_terms(s=S, b=B, h=H, a=A, act_bytes=4, dropout=False)["softmax output"]
     assert plain - fused == pytest.approx(quad, rel=0.10)
 
 
@@ -94,8 +95,8 @@ def test_attention_core_policy_matches_korthikanti() -> None:
     context = functools.partial(create_selective_checkpoint_contexts, st.attention_core_policy(b, a))
     plain = saved_activation_bytes(lambda: block(x + 0))
     core = saved_activation_bytes(lambda: checkpoint(block, x + 0, use_reentrant=False, context_fn=context))
-    terms = st.korthikanti_terms(s=s, b=b, h=h, a=a, act_bytes=4, mask_bytes=st.dropout_mask_bytes())
-    quadratic = sum(terms[t] for t in st.QUADRATIC_TERMS)
+    terms = formulas.korthikanti_terms(s=s, b=b, h=h, a=a, act_bytes=4, mask_bytes=st.dropout_mask_bytes())
+    quadratic = sum(terms[t] for t in formulas.QUADRATIC_TERMS)
     # proj/fc_out outputs kept (2sbh floats), residual masks redrawn (2sbh masks of 4 bytes on CPU)
     assert plain - core == quadratic - 2 * s * b * h * 4 + 2 * s * b * h * st.dropout_mask_bytes()
     assert plain - core == pytest.approx(quadratic, rel=0.10)
@@ -123,7 +124,7 @@ def test_cuda_block_matches_formula_with_bool_masks() -> None:
     block = _block(dropout=0.1).cuda()
     x = torch.randn(B, S, H, device="cuda")
     measured = saved_activation_bytes(lambda: block(x + 0))
-    formula = st.korthikanti_terms(s=S, b=B, h=H, a=A, act_bytes=4, mask_bytes=1)
+    formula = formulas.korthikanti_terms(s=S, b=B, h=H, a=A, act_bytes=4, mask_bytes=1)
     assert measured == pytest.approx(sum(formula.values()), rel=0.10)
 
 
@@ -136,8 +137,8 @@ def test_cuda_attention_core_policy_saves_the_quadratic_term() -> None:
     plain = saved_activation_bytes(lambda: block(x + 0))
     core = saved_activation_bytes(lambda: checkpoint(block, x + 0, use_reentrant=False, context_fn=context))
     mask = st.dropout_mask_bytes("cuda")
-    terms = st.korthikanti_terms(s=s, b=b, h=h, a=a, act_bytes=4, mask_bytes=mask)
-    assert plain - core == pytest.approx(sum(terms[t] for t in st.QUADRATIC_TERMS), rel=0.10)
+    terms = formulas.korthikanti_terms(s=s, b=b, h=h, a=a, act_bytes=4, mask_bytes=mask)
+    assert plain - core == pytest.approx(sum(terms[t] for t in formulas.QUADRATIC_TERMS), rel=0.10)
 
 
 def test_saved_table_checks_its_arguments() -> None:
@@ -146,9 +147,9 @@ def test_saved_table_checks_its_arguments() -> None:
     with pytest.raises(TypeError, match="block must be a torch.nn.Module"):
         st.saved_tensor_table("block", torch.randn(B, S, H))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="act_bytes"):
-        st.korthikanti_terms(s=S, b=B, h=H, a=A, act_bytes="4")  # type: ignore[arg-type]
+        formulas.korthikanti_terms(s=S, b=B, h=H, a=A, act_bytes="4")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="s must be a positive int"):
-        st.korthikanti_terms(s=True, b=B, h=H, a=A)
+        formulas.korthikanti_terms(s=True, b=B, h=H, a=A)
 
 
 def test_saved_table_rows_come_in_forward_order() -> None:
@@ -241,7 +242,7 @@ def test_saved_tensor_rows_are_frozen() -> None:
 def test_korthikanti_names_the_bad_size(name: str) -> None:
     kwargs = {"s": S, "b": B, "h": H, "a": A, name: 0}
     with pytest.raises(ValueError, match=f"^{name} must be a positive int"):
-        st.korthikanti_terms(**kwargs)
+        formulas.korthikanti_terms(**kwargs)
 
 
 def test_save_matmul_outputs_keeps_the_four_linear_outputs() -> None:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from helpers.accumulation import compare_grads
 from helpers.device import SCALES
+from helpers.formulas import predicted_step_peak_bytes
 from helpers.memory import measure_step
 from helpers.tokens import (
     IGNORE_INDEX,
@@ -35,7 +36,6 @@ from helpers.tokens_lab import (
     lesson_sizes,
     plot_training_curves,
     predicted_peak_bytes,
-    predicted_step_peak_bytes,
     show_token_report,
     weight_distance,
     widget_latency_cases,

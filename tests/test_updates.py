@@ -14,19 +14,21 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers import plots
 from helpers.data import token_batch
+from helpers.formulas import (
+    activation_bytes_per_example,
+    held_logits_bytes_per_example,
+    linear_fit,
+    predicted_update_peak_bytes,
+)
 from helpers.models import GPT, GPTConfig, explainer_config, explainer_model, seeded_gpt
 from helpers.training import lm_loss, make_optimizer
 from helpers.updates import (
     ConfigMemory,
-    activation_bytes_per_example,
     activation_sweep,
     breakdown_for,
-    held_logits_bytes_per_example,
-    linear_fit,
     measure_config,
     measure_update,
     plot_measured_table,
-    predicted_update_peak_bytes,
 )
 
 CPU = torch.device("cpu")

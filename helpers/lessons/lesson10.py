@@ -23,14 +23,9 @@ import torch
 from helpers import compiled, frameworks, plots
 from helpers.accumulation import compare_grads
 from helpers.device import SCALES
+from helpers.formulas import korthikanti_terms
 from helpers.models import GPT, GPTConfig, seeded_gpt
-from helpers.saved_tensors import korthikanti_terms
-from helpers.tokens import (
-    count_valid_tokens,
-    fixed_step,
-    split_micro_batches,
-    variable_length_sequences,
-)
+from helpers.tokens import count_valid_tokens, fixed_step, split_micro_batches, variable_length_sequences
 from helpers.validate import answer_number, choice, number_in_range, positive_int
 
 __all__ = [

@@ -1,0 +1,117 @@
+"""What a step costs besides memory: FLOPs counted by torch, and wall-clock time, shown and never asserted."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from helpers.device import synchronize
+from helpers.models import GPT, device_of
+from helpers.validate import callable_arg, instance_arg, int_at_least, positive_int
+
+__all__ = ["Timing", "blocks_forward_flops", "count_flops", "interleaved_times", "median_seconds"]
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs that `torch.utils.flop_counter.FlopCounterMode` counts while `fn()` runs.
+
+    It counts matmuls, convolutions and attention; pointwise ops count zero.
+    """
+    callable_arg("fn", fn, "a zero-argument callable")
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def blocks_forward_flops(model: GPT, micro_batch: int) -> int:
+    """FLOPs of one forward of `model`'s blocks (the region `make_block_wrapper` checkpoints).
+
+    Counted with `count_flops` on a random input of the blocks' shape, under `no_grad`:
+    the most a full recompute can cost per micro-step (early stop can make it less).
+    """
+    instance_arg("model", model, GPT, "helpers.models.GPT")
+    positive_int("micro_batch", micro_batch)
+    cfg = model.cfg
+    x = torch.zeros(micro_batch, cfg.seq_len, cfg.d_model, device=device_of(model))
+    with torch.no_grad():
+        return count_flops(lambda: [block(x) for block in model.blocks])
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock seconds of repeated runs: the median and the spread (min and max)."""
+
+    median: float
+    low: float
+    high: float
+    runs: int
+
+    def scaled(self, factor: float) -> Timing:
+        """The same timing multiplied by `factor` (e.g. K micro-steps per update)."""
+        return Timing(self.median * factor, self.low * factor, self.high * factor, self.runs)
+
+    def describe(self) -> str:
+        """E.g. '12.3 ms (min-max 11.9-14.0 ms, 5 runs)'."""
+        return (f"{1e3 * self.median:.1f} ms (min-max {1e3 * self.low:.1f}-{1e3 * self.high:.1f} ms, "
+                f"{self.runs} runs)")
+
+
+def interleaved_times(
+    fns: Mapping[str, Callable[[], object]], *, device: torch.device | str = "cpu",
+    repeats: int = 5, warmup: int = 1,
+) -> dict[str, Timing]:
+    """Time each callable `repeats` times, interleaved, after `warmup` untimed runs of each.
+
+    Round r runs every callable once, in forward order on even rounds and reversed
+    on odd ones, so a slow spell of a shared machine hits all of them alike. On
+    CUDA the device is synchronized around each run. Timings are for showing:
+    on a shared CPU they are noisy, and lessons never assert on them.
+    """
+    if not fns or not all(callable(f) for f in fns.values()):
+        raise ValueError(f"fns must be a non-empty mapping of name -> callable, got {fns!r}")
+    int_at_least("repeats", repeats, 1)
+    int_at_least("warmup", warmup, 0)
+    device = torch.device(device)
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            synchronize(device)
+            start = time.perf_counter()
+            fns[name]()
+            synchronize(device)
+            samples[name].append(time.perf_counter() - start)
+    out = {}
+    for name, times in samples.items():
+        times.sort()
+        out[name] = Timing(times[len(times) // 2], times[0], times[-1], len(times))
+    return out
+
+
+def median_seconds(
+    fn: Callable[[], object], *, device: torch.device, repeats: int = 5, warmup: int = 1
+) -> float:
+    """Median wall-clock seconds of `fn()` over `repeats` runs after `warmup` runs.
+
+    On CUDA the device is synchronized before each clock read.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats=} {warmup=}")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2]

@@ -1,0 +1,124 @@
+"""Tests of helpers.costs: FLOPs counted by torch and interleaved, warmed-up timings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from helpers import costs
+from helpers.costs import median_seconds
+from helpers.models import GPT, GPTConfig
+
+
+def test_count_flops_linear() -> None:
+    lin = torch.nn.Linear(8, 4, bias=False)
+    assert costs.count_flops(lambda: lin(torch.randn(3, 8))) == 2 * 3 * 8 * 4
+    with pytest.raises(ValueError, match="callable"):
+        costs.count_flops(42)  # type: ignore[arg-type]
+
+
+def test_interleaved_times_shape_and_arguments() -> None:
+    calls: list[str] = []
+    times = costs.interleaved_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                                   repeats=3, warmup=1)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up, then alternating order
+    for t in times.values():
+        assert t.runs == 3 and t.low <= t.median <= t.high
+        assert "min-max" in t.describe()
+    assert times["a"].scaled(2).median == 2 * times["a"].median
+    with pytest.raises(ValueError, match="repeats"):
+        costs.interleaved_times({"a": lambda: None}, repeats=0)
+    with pytest.raises(ValueError):
+        costs.interleaved_times({})
+
+
+def test_blocks_forward_flops_by_hand() -> None:
+    """One forward of a GPT's blocks: 24bsh^2 (qkv, proj, the 4h-wide MLP) + 4bs^2h (QK^T, PV) each."""
+    cfg = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=2, n_layers=3, dropout=0.0)
+    model = GPT(cfg)
+    b, s, h = 5, 8, 16
+    assert costs.blocks_forward_flops(model, b) == 3 * (24 * b * s * h * h + 4 * b * s * s * h)
+    with pytest.raises(ValueError, match="micro_batch"):
+        costs.blocks_forward_flops(model, 0)
+
+
+def test_timing_scaled_multiplies_median_and_both_ends() -> None:
+    # 2, 1, 3 s over 5 runs, times K = 4 micro-steps: 8, 4, 12 s, still 5 runs.
+    assert costs.Timing(2.0, 1.0, 3.0, 5).scaled(4) == costs.Timing(8.0, 4.0, 12.0, 5)
+
+
+class _FakeClock:
+    """`time.perf_counter` that moves only when a timed callable "runs" for a given duration."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0  # far from 0, so start + end cannot pass for end - start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def runner(self, durations: list[float]) -> Callable[[], None]:
+        todo = iter(durations)
+
+        def run() -> None:
+            self.now += next(todo)
+
+        return run
+
+
+def test_interleaved_times_reads_a_fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Known durations: the median, min and max of the timed runs, warm-up excluded."""
+    clock = _FakeClock()
+    monkeypatch.setattr(costs.time, "perf_counter", clock)
+    # warm-up 100 s (not timed), then 3, 1, 5, 2, 4 s: sorted 1..5, median 3.
+    fns = {"a": clock.runner([100.0, 3.0, 1.0, 5.0, 2.0, 4.0]),
+           "b": clock.runner([100.0, 0.5, 0.5, 0.5, 0.5, 0.5])}
+    times = costs.interleaved_times(fns, repeats=5, warmup=1)
+    assert times["a"] == costs.Timing(3.0, 1.0, 5.0, 5)
+    assert times["b"] == costs.Timing(0.5, 0.5, 0.5, 5)
+
+
+def test_interleaved_times_defaults_one_warmup_and_five_runs() -> None:
+    calls: list[str] = []
+    times = costs.interleaved_times({"a": lambda: calls.append("a")})
+    assert len(calls) == 1 + 5 and times["a"].runs == 5
+
+
+def test_median_seconds() -> None:
+    calls = []
+    t = median_seconds(lambda: calls.append(1), device=torch.device("cpu"), repeats=3, warmup=2)
+    assert len(calls) == 5 and t >= 0
+    with pytest.raises(ValueError, match="repeats"):
+        median_seconds(lambda: None, device=torch.device("cpu"), repeats=0)
+
+
+class _StepClock:
+    """perf_counter that moves only when the timed function runs, by a known duration per call."""
+
+    def __init__(self, durations: list[float]) -> None:
+        self.now, self.durations, self.calls = 0.0, list(durations), 0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def step(self) -> None:
+        self.now += self.durations[self.calls]
+        self.calls += 1
+
+
+@pytest.mark.parametrize(
+    ("durations", "repeats", "expected"),
+    [
+        ([100.0, 5.0, 1.0, 4.0, 2.0, 3.0], 5, 3.0),  # the 100 s warm-up is not timed; unsorted middle: 4
+        ([100.0, 4.0, 1.0, 3.0, 2.0], 4, 3.0),  # an even count: the upper middle of 1, 2, 3, 4
+        ([100.0, 7.0], 1, 7.0),
+    ],
+)
+def test_median_seconds_with_a_fake_clock(
+    monkeypatch: pytest.MonkeyPatch, durations: list[float], repeats: int, expected: float
+) -> None:
+    clock = _StepClock(durations)
+    monkeypatch.setattr(costs.time, "perf_counter", clock.perf_counter)
+    assert median_seconds(clock.step, device=torch.device("cpu"), repeats=repeats, warmup=1) == expected
+    assert clock.calls == repeats + 1
