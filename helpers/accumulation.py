@@ -38,7 +38,7 @@ Rules shared by the gradient functions:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -48,18 +48,9 @@ from torch import nn
 from helpers.validate import instance_arg, positive_int, tensor_arg
 
 __all__ = [
-    "GradDiff",
-    "LossFn",
-    "accumulated_grad",
-    "check_batch",
-    "check_micro_batch",
-    "clear_grads",
-    "cleared_grads",
-    "compare_grads",
-    "flat_grad",
-    "full_batch_grad",
-    "micro_batch_sizes",
-    "trainable_params",
+    "GradDiff", "LossFn", "accumulated_grad", "angle_degrees", "check_batch", "check_micro_batch",
+    "clear_grads", "cleared_grads", "compare_grads", "flat_grad", "full_batch_grad", "group_gradient",
+    "micro_batch_sizes", "trainable_params",
 ]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -247,3 +238,33 @@ def compare_grads(reference: torch.Tensor, candidate: torch.Tensor) -> GradDiff:
         cosine=cosine,
         l2_rel=diff.norm().item() / ref_norm,
     )
+
+
+def group_gradient(
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+) -> torch.Tensor:
+    """The true gradient of a group of micro-batches at the current weights, as one flat vector.
+
+    It is the gradient of the group's mean loss (each micro-batch weighted by
+    its share of the examples), computed with `torch.autograd.grad`, so `.grad`
+    is neither read nor changed: a loop can call it between its backward and
+    its optimizer step. Parameters without a gradient contribute zeros.
+    """
+    params = trainable_params(model)
+    if not batches:
+        raise ValueError("batches is empty; give at least one (inputs, targets) pair")
+    n = sum(check_batch(x, y) for x, y in batches)
+    total = [torch.zeros_like(p) for p in params]
+    for x, y in batches:
+        loss = loss_fn(model(x), y) * (x.shape[0] / n)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        for acc, g in zip(total, grads, strict=True):
+            if g is not None:
+                acc.add_(g)
+    return torch.cat([t.detach().reshape(-1) for t in total])
+
+
+def angle_degrees(reference: torch.Tensor, candidate: torch.Tensor) -> float:
+    """Angle between two flat gradients in degrees (0 = same direction, 90 = unrelated)."""
+    cosine = compare_grads(reference, candidate).cosine
+    return math.degrees(math.acos(max(-1.0, min(1.0, cosine))))

@@ -20,7 +20,6 @@ The gradient API itself (`flat_grad`, `full_batch_grad`, `accumulated_grad`,
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,97 +36,24 @@ from helpers.accumulation import (
     check_batch,
     check_micro_batch,
     clear_grads,
-    cleared_grads,
     compare_grads,
     full_batch_grad,
-    trainable_params,
 )
-from helpers.device import TENSOR_TRACKER, by_scale, synchronize
+from helpers.device import by_scale, synchronize
 from helpers.formulas import gpt_activation_bytes, gpt_param_count
-from helpers.memory import MemoryTracker, run_or_oom, saved_activation_bytes
+from helpers.memory import Mark, MicroStepMemory, micro_step_memory, run_or_oom, saved_activation_bytes
 from helpers.models import GPTConfig, device_of
 from helpers.training import lm_loss
-from helpers.validate import answer_number, callable_arg, positive_int
+from helpers.validate import answer_number, positive_int
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 __all__ = [
-    "LessonSizes", "Mark", "MicroStepMemory", "Timing", "angle_degrees", "check_exercise_1",
-    "check_exercise_2", "check_exercise_3", "check_exercise_4", "gradient_error", "group_gradient",
-    "lesson_sizes", "micro_step_memory", "plot_micro_step_memory", "predicted_peak_bytes", "scatter_grads",
-    "show_gradient_error", "show_micro_step_memory", "throughput_sweep", "tracker_method",
-    "widget_latency_cases",
+    "LessonSizes", "Timing", "check_exercise_1", "check_exercise_2", "check_exercise_3", "check_exercise_4",
+    "gradient_error", "lesson_sizes", "plot_micro_step_memory", "predicted_peak_bytes", "scatter_grads",
+    "show_gradient_error", "show_micro_step_memory", "throughput_sweep", "widget_latency_cases",
 ]
-
-Mark = Callable[[str], int]
-
-
-@dataclass
-class MicroStepMemory:
-    """Live memory of an accumulation loop, read after every micro-step.
-
-    - `labels`, `live_after`: one entry per `mark(label)` call of the loop,
-      preceded by ("start", live bytes before the loop).
-    - `peak_bytes`: the largest live tensor memory at any op of the loop.
-    - `peak_activations`: the largest amount of live forward-pass tensors.
-    - `method`: how it was measured: `TENSOR_TRACKER` (the tracker of live storages alone,
-      on every device).
-    """
-
-    labels: list[str]
-    live_after: list[int]
-    peak_bytes: int
-    peak_activations: int
-    method: str
-
-    def growth(self, first: int = 1, last: int = -1) -> int:
-        """Live bytes at mark `last` minus live bytes at mark `first` (start is mark 0)."""
-        return self.live_after[last] - self.live_after[first]
-
-
-def tracker_method(device: torch.device | str) -> str:
-    """The label of a `MemoryTracker` measurement on `device`: always `TENSOR_TRACKER`.
-
-    The tracker alone counts live tensor storages, on every device. It is neither the caching
-    allocator (`CUDA_ALLOCATOR`) nor `measure_step`'s CPU figure (`CPU_TRACKER`: the CPU
-    allocator's record, with the tracker's categories), so its figures carry their own label.
-    Between micro-steps, where lesson 03 reads it, no kernel holds a buffer of its own, so the
-    two CPU figures agree there.
-    """
-    torch.device(device)  # validates the argument
-    return TENSOR_TRACKER
-
-
-def micro_step_memory(loop: Callable[[Mark], object], model: nn.Module) -> MicroStepMemory:
-    """Run `loop(mark)` once under a `MemoryTracker` and read live memory at each mark.
-
-    `loop` is the accumulation loop under study; it calls `mark(label)` after
-    each micro-step. Tensors made before the call (the batches) are not
-    counted; the model's parameters and gradients are. Grads are cleared
-    before and after, so runs do not see each other's gradients.
-    """
-    callable_arg("loop", loop, "a callable taking mark(label)")
-    trainable_params(model)
-    with cleared_grads(model):
-        with MemoryTracker(model=model) as tracker:
-            labels, live = ["start"], [tracker.mark("start")]
-
-            def mark(label: str) -> int:
-                labels.append(str(label))
-                live.append(tracker.mark(str(label)))
-                return live[-1]
-
-            loop(mark)
-        timeline = tracker.timeline()
-    method = tracker_method(device_of(model))
-    return MicroStepMemory(
-        labels=labels,
-        live_after=live,
-        peak_bytes=max(timeline.total),
-        peak_activations=max(timeline.series["activations"]),
-        method=method,
-    )
 
 
 # -- widgets -------------------------------------------------------------------------
@@ -230,34 +156,6 @@ def plot_micro_step_memory(ax: Axes, results: dict[str, MicroStepMemory], *,
 
 
 # -- the true gradient, and angles -----------------------------------------------------
-def group_gradient(
-    model: nn.Module, loss_fn: LossFn, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
-) -> torch.Tensor:
-    """The true gradient of a group of micro-batches at the current weights, as one flat vector.
-
-    It is the gradient of the group's mean loss (each micro-batch weighted by
-    its share of the examples), computed with `torch.autograd.grad`, so `.grad`
-    is neither read nor changed: a loop can call it between its backward and
-    its optimizer step. Parameters without a gradient contribute zeros.
-    """
-    params = trainable_params(model)
-    if not batches:
-        raise ValueError("batches is empty; give at least one (inputs, targets) pair")
-    n = sum(check_batch(x, y) for x, y in batches)
-    total = [torch.zeros_like(p) for p in params]
-    for x, y in batches:
-        loss = loss_fn(model(x), y) * (x.shape[0] / n)
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        for acc, g in zip(total, grads, strict=True):
-            if g is not None:
-                acc.add_(g)
-    return torch.cat([t.detach().reshape(-1) for t in total])
-
-
-def angle_degrees(reference: torch.Tensor, candidate: torch.Tensor) -> float:
-    """Angle between two flat gradients in degrees (0 = same direction, 90 = unrelated)."""
-    cosine = compare_grads(reference, candidate).cosine
-    return math.degrees(math.acos(max(-1.0, min(1.0, cosine))))
 
 
 # -- throughput (shown, not asserted) ----------------------------------------------------

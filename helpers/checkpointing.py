@@ -49,6 +49,7 @@ from helpers.models import (
     explainer_config,
     explainer_model,
 )
+from helpers.phases import measure_update
 from helpers.saved_tensors import (
     SavedTensor,
     attention_core_policy,
@@ -58,7 +59,6 @@ from helpers.saved_tensors import (
     saved_tensor_table,
 )
 from helpers.training import OPTIMIZERS, lm_loss
-from helpers.updates import measure_update
 from helpers.validate import (
     answer_number,
     bool_arg,
@@ -352,7 +352,7 @@ def predicted_peak_bytes(scale: str) -> int:
 class TradeOff:
     """One configuration: micro-batch B, K accumulation steps, with or without checkpointing.
 
-    Memory comes from a measured update (`helpers.updates.measure_update`), FLOPs
+    Memory comes from a measured update (`helpers.phases.measure_update`), FLOPs
     from FlopCounterMode on one micro-step times K, time from interleaved
     micro-step timings times K (shown, not asserted).
     """

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 import torch
 
 from helpers import accumulation as acc
-from helpers import checkpointing, costs, formulas, pitfalls, tokens, updates
-from helpers.accumulation_lab import micro_step_memory
+from helpers import checkpointing, costs, formulas, pitfalls, tokens
 from helpers.data import regression_batch, token_batch
 from helpers.device import lesson_scale
-from helpers.memory import new_live_bytes, record_timeline, saved_activation_bytes
+from helpers.memory import micro_step_memory, new_live_bytes, record_timeline, saved_activation_bytes
 from helpers.models import GPT, GPTConfig, ResidualMLP, explainer_model, param_bytes, seeded_gpt
+from helpers.phases import ConfigMemory, activation_sweep, measure_config
 from helpers.training import lm_loss
 from helpers.validate import choice
 
@@ -186,7 +186,7 @@ def _c_adam_state(lab: Lab) -> Evidence:
 
 
 def _sweep(lab: Lab) -> dict[int, object]:
-    return lab.once("sweep", lambda: updates.activation_sweep(lab.model, SWEEP, progress=False))
+    return lab.once("sweep", lambda: activation_sweep(lab.model, SWEEP, progress=False))
 
 
 def _c_linear(lab: Lab) -> Evidence:
@@ -204,14 +204,14 @@ def _c_floor(lab: Lab) -> Evidence:
 
 
 def _c_peak_one_micro_batch(lab: Lab) -> Evidence:
-    k2 = updates.measure_config(lab.model, micro_batch=4, steps=2)
-    k4 = updates.measure_config(lab.model, micro_batch=4, steps=4)
+    k2 = measure_config(lab.model, micro_batch=4, steps=2)
+    k4 = measure_config(lab.model, micro_batch=4, steps=4)
     ratio = k4.peak_bytes / k2.peak_bytes
     return Evidence(abs(ratio - 1) <= 0.01, ratio, "peak(K=4) / peak(K=2)",
                     f"micro-batch 4: peak {_gib(k2.peak_bytes)} at K=2, {_gib(k4.peak_bytes)} at K=4")
 
 
-def _rows(lab: Lab) -> list[updates.ConfigMemory]:
+def _rows(lab: Lab) -> list[ConfigMemory]:
     """The explainer's three rows (8x4, 4x8, 4x8 checkpointed) on lesson 01's model, once per ledger run.
 
     Each update runs its first two micro-steps and the optimizer step: from the second micro-step
@@ -220,9 +220,9 @@ def _rows(lab: Lab) -> list[updates.ConfigMemory]:
     wrapper = checkpointing.make_block_wrapper("full")
     model = lab.lesson_model("01")
     return lab.once("rows", lambda: [
-        updates.measure_config(model, micro_batch=8, steps=4, max_micro_steps=2),
-        updates.measure_config(model, micro_batch=4, steps=8, max_micro_steps=2),
-        updates.measure_config(model, micro_batch=4, steps=8, block_wrapper=wrapper, max_micro_steps=2)])
+        measure_config(model, micro_batch=8, steps=4, max_micro_steps=2),
+        measure_config(model, micro_batch=4, steps=8, max_micro_steps=2),
+        measure_config(model, micro_batch=4, steps=8, block_wrapper=wrapper, max_micro_steps=2)])
 
 
 def _c_smaller_micro_batch(lab: Lab) -> Evidence:

@@ -40,13 +40,17 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from helpers.accumulation import cleared_grads, trainable_params
 from helpers.allocator import AllocatorRecord, allocator_timeline
-from helpers.device import CPU_TRACKER, CUDA_ALLOCATOR
+from helpers.device import CPU_TRACKER, CUDA_ALLOCATOR, TENSOR_TRACKER
+from helpers.models import device_of
 from helpers.tracker import CATEGORIES, MemoryTracker, Timeline, tensors_in
+from helpers.validate import callable_arg, positive_number
 
 __all__ = [
-    "CATEGORIES", "FLOOR", "MemoryTracker", "StepMemory", "Timeline", "floor_of", "measure_step",
-    "new_live_bytes", "record_timeline", "run_or_oom", "saved_activation_bytes", "tracked_run",
+    "CATEGORIES", "FLOOR", "Mark", "MemoryTracker", "MicroStepMemory", "StepMemory", "Timeline", "floor_of",
+    "measure_step", "micro_step_memory", "new_live_bytes", "record_timeline", "run_capped", "run_or_oom",
+    "saved_activation_bytes", "tracked_run", "tracker_method",
 ]
 
 
@@ -214,3 +218,106 @@ def run_or_oom(fn: Callable[[], _T]) -> _T | None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return None
+
+
+Mark = Callable[[str], int]
+
+
+@dataclass
+class MicroStepMemory:
+    """Live memory of an accumulation loop, read after every micro-step.
+
+    - `labels`, `live_after`: one entry per `mark(label)` call of the loop,
+      preceded by ("start", live bytes before the loop).
+    - `peak_bytes`: the largest live tensor memory at any op of the loop.
+    - `peak_activations`: the largest amount of live forward-pass tensors.
+    - `method`: how it was measured: `TENSOR_TRACKER` (the tracker of live storages alone,
+      on every device).
+    """
+
+    labels: list[str]
+    live_after: list[int]
+    peak_bytes: int
+    peak_activations: int
+    method: str
+
+    def growth(self, first: int = 1, last: int = -1) -> int:
+        """Live bytes at mark `last` minus live bytes at mark `first` (start is mark 0)."""
+        return self.live_after[last] - self.live_after[first]
+
+
+def tracker_method(device: torch.device | str) -> str:
+    """The label of a `MemoryTracker` measurement on `device`: always `TENSOR_TRACKER`.
+
+    The tracker alone counts live tensor storages, on every device. It is neither the caching
+    allocator (`CUDA_ALLOCATOR`) nor `measure_step`'s CPU figure (`CPU_TRACKER`: the CPU
+    allocator's record, with the tracker's categories), so its figures carry their own label.
+    Between micro-steps, where lesson 03 reads it, no kernel holds a buffer of its own, so the
+    two CPU figures agree there.
+    """
+    torch.device(device)  # validates the argument
+    return TENSOR_TRACKER
+
+
+def micro_step_memory(loop: Callable[[Mark], object], model: nn.Module) -> MicroStepMemory:
+    """Run `loop(mark)` once under a `MemoryTracker` and read live memory at each mark.
+
+    `loop` is the accumulation loop under study; it calls `mark(label)` after
+    each micro-step. Tensors made before the call (the batches) are not
+    counted; the model's parameters and gradients are. Grads are cleared
+    before and after, so runs do not see each other's gradients.
+    """
+    callable_arg("loop", loop, "a callable taking mark(label)")
+    trainable_params(model)
+    with cleared_grads(model):
+        with MemoryTracker(model=model) as tracker:
+            labels, live = ["start"], [tracker.mark("start")]
+
+            def mark(label: str) -> int:
+                labels.append(str(label))
+                live.append(tracker.mark(str(label)))
+                return live[-1]
+
+            loop(mark)
+        timeline = tracker.timeline()
+    method = tracker_method(device_of(model))
+    return MicroStepMemory(
+        labels=labels,
+        live_after=live,
+        peak_bytes=max(timeline.total),
+        peak_activations=max(timeline.series["activations"]),
+        method=method,
+    )
+
+
+def run_capped(fn: Callable[[], object], budget_bytes: float, device: torch.device, *,
+               counted_bytes: int = 0) -> object | None:
+    """Run `fn()` with this process's CUDA memory capped at `budget_bytes`; None if it ran out.
+
+    `counted_bytes` is memory already allocated that the budget includes (the
+    parameters and optimizer state, which a measured peak counts too). The cap, set with
+    `torch.cuda.set_per_process_memory_fraction`, is what the allocator holds now plus
+    `budget_bytes - counted_bytes`, so an allocation past it raises
+    `torch.cuda.OutOfMemoryError`. That is caught by `helpers.memory.run_or_oom`, memory is
+    freed and None is returned. The previous cap (`LESSONS_GPU_MEMORY_GB`, or none) is put
+    back afterwards. CUDA only: on CPU, draw the budget as a labelled line instead.
+    """
+    from helpers.device import apply_memory_cap
+
+    if not isinstance(device, torch.device) or device.type != "cuda":
+        raise ValueError(f"run_capped needs a CUDA device, got {device!r}; on CPU draw a budget line instead")
+    budget = positive_number("budget_bytes", budget_bytes)
+    if not 0 <= counted_bytes < budget:
+        raise ValueError(f"counted_bytes must be in [0, budget_bytes={budget:.0f}), got {counted_bytes!r}")
+    gc.collect()
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = min(1.0, (torch.cuda.memory_reserved(device) + budget - counted_bytes) / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    try:
+        return run_or_oom(fn)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        apply_memory_cap(device)  # put back the LESSONS_GPU_MEMORY_GB cap, if one is set
+        gc.collect()
+        torch.cuda.empty_cache()

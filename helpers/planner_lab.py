@@ -14,7 +14,6 @@ the remedies) is in `helpers.planner`; the phase measurements (`measure_phases`,
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -22,25 +21,14 @@ import torch
 
 from helpers.device import SCALES, by_scale
 from helpers.formulas import korthikanti_activation_bytes
-from helpers.memory import run_or_oom
 from helpers.models import GPT, GPTConfig
 from helpers.phases import PhaseMemory, UpdateMeasurer
 from helpers.planner import GB, MemoryProfile, Plan, fit_profile, recommend
-from helpers.validate import choice, positive_int, positive_number
+from helpers.validate import choice, positive_int
 
 __all__ = [
-    "EXPLAINER_GB",
-    "LARGEST_RUN",
-    "PlannerLab",
-    "check_exercise_1",
-    "check_exercise_2",
-    "check_exercise_3",
-    "draw_decision_diagram",
-    "explainer_profiles",
-    "lesson_config",
-    "lesson_model",
-    "predicted_peak_bytes",
-    "run_capped",
+    "EXPLAINER_GB", "LARGEST_RUN", "PlannerLab", "check_exercise_1", "check_exercise_2", "check_exercise_3",
+    "draw_decision_diagram", "explainer_profiles", "lesson_config", "lesson_model", "predicted_peak_bytes",
     "widget_latency_cases",
 ]
 
@@ -80,39 +68,6 @@ def lesson_model(scale: str, device: torch.device | str, seed: int = 0) -> GPT:
 
 
 # -- A real OOM under a cap (CUDA) -----------------------------------------------------------------
-
-
-def run_capped(fn: Callable[[], object], budget_bytes: float, device: torch.device, *,
-               counted_bytes: int = 0) -> object | None:
-    """Run `fn()` with this process's CUDA memory capped at `budget_bytes`; None if it ran out.
-
-    `counted_bytes` is memory already allocated that the budget includes (the
-    parameters and optimizer state, which a measured peak counts too). The cap, set with
-    `torch.cuda.set_per_process_memory_fraction`, is what the allocator holds now plus
-    `budget_bytes - counted_bytes`, so an allocation past it raises
-    `torch.cuda.OutOfMemoryError`. That is caught by `helpers.memory.run_or_oom`, memory is
-    freed and None is returned. The previous cap (`LESSONS_GPU_MEMORY_GB`, or none) is put
-    back afterwards. CUDA only: on CPU, draw the budget as a labelled line instead.
-    """
-    from helpers.device import apply_memory_cap
-
-    if not isinstance(device, torch.device) or device.type != "cuda":
-        raise ValueError(f"run_capped needs a CUDA device, got {device!r}; on CPU draw a budget line instead")
-    budget = positive_number("budget_bytes", budget_bytes)
-    if not 0 <= counted_bytes < budget:
-        raise ValueError(f"counted_bytes must be in [0, budget_bytes={budget:.0f}), got {counted_bytes!r}")
-    gc.collect()
-    torch.cuda.empty_cache()
-    total = torch.cuda.get_device_properties(device).total_memory
-    fraction = min(1.0, (torch.cuda.memory_reserved(device) + budget - counted_bytes) / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
-    try:
-        return run_or_oom(fn)
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
-        apply_memory_cap(device)  # put back the LESSONS_GPU_MEMORY_GB cap, if one is set
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 # -- The widget ------------------------------------------------------------------------------------

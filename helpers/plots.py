@@ -9,6 +9,7 @@ figures nor warns under a non-interactive backend (`MPLBACKEND=Agg`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -17,19 +18,12 @@ from matplotlib.figure import Figure
 
 from helpers.validate import positive_int
 
+if TYPE_CHECKING:
+    from helpers.phases import ConfigMemory
+
 __all__ = [
-    "COLORS",
-    "PHASE_SHADES",
-    "STYLE",
-    "UNITS",
-    "byte_unit",
-    "figure",
-    "format_bytes",
-    "phase_runs",
-    "show",
-    "stacked_bars",
-    "timeline",
-    "use_style",
+    "BUDGET_LABEL", "COLORS", "PHASE_SHADES", "STYLE", "UNITS", "byte_unit", "figure", "format_bytes",
+    "phase_runs", "plot_measured_table", "show", "stacked_bars", "timeline", "use_style",
 ]
 
 STYLE = {
@@ -185,3 +179,28 @@ def timeline(ax: Axes, series: Mapping[str, Sequence[float]], phases: Sequence[s
     ax.set_ylabel(f"live {unit}")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+BUDGET_LABEL = "24 GB budget, scaled (drawn)"
+
+
+def plot_measured_table(rows: Sequence[ConfigMemory], labels: Sequence[str] | None = None,
+                        budget: float | None = None, *, budget_label: str = BUDGET_LABEL) -> None:
+    """Stacked bars (floor, activations, other) of measured rows, with an optional budget line."""
+    if not rows:
+        raise ValueError("rows is empty: measure at least one configuration")
+    labels = list(labels) if labels is not None else [f"{r.micro_batch} x {r.steps}" for r in rows]
+    if len(labels) != len(rows):
+        raise ValueError(f"got {len(labels)} labels for {len(rows)} rows")
+    data = {
+        label: {
+            "parameters + gradients + optimizer_state": r.floor_bytes,
+            "activations": r.activations_bytes,
+            "other": r.other_bytes,
+        }
+        for label, r in zip(labels, rows, strict=True)
+    }
+    fig, (ax,) = figure(width=7.5, height=3.4)
+    stacked_bars(ax, data, budget=budget, budget_label=budget_label,
+                       title=f"Measured peak per configuration ({rows[0].method})")
+    show(fig)

@@ -20,14 +20,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import CheckpointPolicy
 
 from helpers.memory import saved_activation_bytes
-from helpers.validate import instance_arg, int_at_least, tensor_arg
+from helpers.validate import callable_arg, instance_arg, int_at_least, tensor_arg
 
 __all__ = [
-    "Policy", "SavedTensor", "attention_core_policy", "bytes_by_term", "dropout_mask_bytes",
-    "save_matmul_outputs", "saved_tensor_table",
+    "Policy", "SavedTensor", "attention_core_policy", "bytes_by_term", "dropout_mask_bytes", "origin_group",
+    "save_matmul_outputs", "saved_tensor_bytes", "saved_tensor_table",
 ]
 
 
@@ -238,3 +240,72 @@ def attention_core_policy(batch: int, n_heads: int) -> Policy:
         return CheckpointPolicy.MUST_SAVE
 
     return policy
+
+
+class _Origins(TorchDispatchMode):
+    """Remember, for every storage an op allocates, the op's name (the last op to allocate there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.origin: dict[int, str] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                ptr = t.untyped_storage().data_ptr()
+                if ptr not in inputs:  # a new allocation, not a view or an in-place result
+                    self.origin[ptr] = func.overloadpacket.__name__
+        return out
+
+
+def saved_tensor_bytes(forward: Callable[[], torch.Tensor], model: nn.Module) -> dict[tuple[str, str], int]:
+    """Bytes autograd saves during `forward()`, by (op that allocated it, dtype).
+
+    Runs the zero-argument `forward` once under a saved-tensor hook and counts
+    each saved storage once. Tensors that existed before the call (the model's
+    parameters and buffers, the input batch) are not activations and are left
+    out. Ops are aten names: `addmm` (a Linear), `_to_copy` (a dtype cast, e.g.
+    autocast's), `native_layer_norm`, `_softmax`, ... Call it inside
+    `torch.autocast(...)` to see what autocast keeps.
+    """
+    callable_arg("forward", forward, "a zero-argument callable")
+    instance_arg("model", model, nn.Module, "torch.nn.Module")
+    saved: dict[int, torch.Tensor] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.setdefault(t.untyped_storage().data_ptr(), t)
+        return t
+
+    origins = _Origins()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), origins:
+        out = forward()
+    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+        raise ValueError("forward must return a tensor that requires grad (a training-mode forward)")
+    table: dict[tuple[str, str], int] = {}
+    for ptr, t in saved.items():
+        op = origins.origin.get(ptr)
+        if op is None or ptr == 0:  # made before the call (parameters, buffers, the batch), or empty
+            continue
+        key = (op, str(t.dtype).removeprefix("torch."))
+        table[key] = table.get(key, 0) + t.untyped_storage().nbytes()
+    return table
+
+
+_GROUPS = {
+    "addmm": "matmul outputs", "mm": "matmul outputs", "bmm": "matmul outputs",
+    "baddbmm": "matmul outputs", "linear": "matmul outputs", "matmul": "matmul outputs",
+    "_to_copy": "autocast casts", "native_layer_norm": "LayerNorm outputs and stats",
+    "_softmax": "attention softmax", "_log_softmax": "loss (log-softmax)",
+    "nll_loss_forward": "loss (log-softmax)", "add": "residual stream (block inputs)",
+    "gelu": "GELU outputs", "clone": "q, k, v copies (attention reshapes)",
+    "arange": "positions (token indices)",
+}
+
+
+def origin_group(op: str) -> str:
+    """A learner's name for the aten op that allocated a saved tensor (e.g. addmm -> 'matmul outputs')."""
+    return _GROUPS.get(op, op)

@@ -4,7 +4,7 @@ the CUDA allocator's block size."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -48,6 +48,23 @@ def cuda_block_bytes() -> int:
     del one
     assert block >= 512  # the allocator rounds a 4-byte tensor up to a whole block
     return block
+
+
+@pytest.fixture
+def optimizer_state_bytes() -> Callable[[torch.nn.Module, str], int]:
+    """Bytes of the state torch's optimizer keeps after one real step (exp_avg, step, momentum...)."""
+    from helpers.training import make_optimizer
+
+    def count(model: torch.nn.Module, optimizer: str) -> int:
+        opt = make_optimizer(optimizer, model)
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
+        total = sum(t.nbytes for state in opt.state.values() for t in state.values() if torch.is_tensor(t))
+        opt.zero_grad(set_to_none=True)
+        return total
+
+    return count
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

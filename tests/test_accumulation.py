@@ -11,12 +11,14 @@ import torch.nn.functional as F
 from helpers.accumulation import (
     GradDiff,
     accumulated_grad,
+    angle_degrees,
     check_batch,
     check_micro_batch,
     cleared_grads,
     compare_grads,
     flat_grad,
     full_batch_grad,
+    group_gradient,
     micro_batch_sizes,
     trainable_params,
 )
@@ -292,3 +294,17 @@ def test_grad_diff_cannot_be_changed_after_the_fact():
     with pytest.raises(dataclasses.FrozenInstanceError):
         d.max_rel = 0.5  # type: ignore[misc]
     assert d.max_rel == 0.0 and d.cosine == pytest.approx(1.0)
+
+
+def test_group_gradient_leaves_grad_alone_and_matches_full_batch():
+    model, fn, x, y = mlp_case()
+    batches = list(zip(x.split(5), y.split(5), strict=True))  # 5, 5, 5, 5, 4
+    (fn(model(x[:3]), y[:3])).backward()
+    before = flat_grad(model)
+    g = group_gradient(model, fn, batches)
+    assert torch.equal(flat_grad(model), before)  # .grad untouched
+    model.zero_grad(set_to_none=True)
+    assert compare_grads(full_batch_grad(model, fn, x, y), g).max_rel <= 1e-5
+    assert angle_degrees(g, g) < 1e-3 and abs(angle_degrees(g, -g) - 180) < 1e-3
+    with pytest.raises(ValueError, match="empty"):
+        group_gradient(model, fn, [])

@@ -15,17 +15,12 @@ from helpers.budget import (
     drawn_budget,
     explainer_table,
     lesson_sizes,
-    origin_group,
     predicted_peak_bytes,
-    saved_tensor_bytes,
     widget_latency_cases,
 )
-from helpers.data import token_batch
 from helpers.device import SCALES
 from helpers.formulas import activation_bytes_per_example
-from helpers.memory import saved_activation_bytes
-from helpers.models import GPT, explainer_config, explainer_model
-from helpers.training import lm_loss
+from helpers.models import GPT, explainer_config
 
 CPU = torch.device("cpu")
 
@@ -69,32 +64,6 @@ def test_every_scale_has_its_own_sizes() -> None:
     assert predicted_peak_bytes("full") <= 0.7 * 40e9
     with pytest.raises(ValueError, match="scale='huge'"):
         lesson_sizes("huge")
-
-
-def test_saved_tensor_bytes_by_op_and_dtype() -> None:
-    model = explainer_model("tiny", CPU)
-    idx, targets = token_batch(2, model.cfg.seq_len, model.cfg.vocab_size)
-
-    def forward() -> torch.Tensor:
-        return lm_loss(model(idx), targets)
-
-    fp32 = saved_tensor_bytes(forward, model)
-    assert sum(fp32.values()) == saved_activation_bytes(forward)  # the live tracker agrees
-    assert {dtype for _, dtype in fp32} <= {"float32", "int64"}
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        bf16 = saved_tensor_bytes(forward, model)
-
-    def group(table: dict[tuple[str, str], int], name: str, dtype: str | None = None) -> int:
-        return sum(n for (op, dt), n in table.items() if origin_group(op) == name and dtype in (None, dt))
-
-    assert group(bf16, "matmul outputs") == group(fp32, "matmul outputs") // 2
-    assert group(bf16, "loss (log-softmax)", "float32") == group(fp32, "loss (log-softmax)") > 0
-    assert group(bf16, "autocast casts", "bfloat16") > 0 == group(fp32, "autocast casts")
-    assert origin_group("addmm") == "matmul outputs" and origin_group("weird_op") == "weird_op"
-    with pytest.raises(TypeError, match="callable"):
-        saved_tensor_bytes(42, model)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="requires grad"):
-        saved_tensor_bytes(lambda: torch.ones(2), model)
 
 
 def test_exercise_checkers_answer_without_raising() -> None:

@@ -542,13 +542,13 @@ def test_trade_off_lab_defaults_smallest_controls_and_messages() -> None:
 
 def test_trade_off_lab_measures_memory_on_at_most_two_micro_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Memory comes from an update of min(K, 2) micro-steps, measured once per (B, min(K, 2), on)."""
-    from helpers import updates
+    from helpers.phases import measure_update
 
     steps_measured: list[int] = []
 
     def spy(*args: object, **kwargs: object) -> object:
         steps_measured.append(kwargs["steps"])
-        return updates.measure_update(*args, **kwargs)
+        return measure_update(*args, **kwargs)
 
     monkeypatch.setattr(ckpt, "measure_update", spy)
     lab = ckpt.TradeOffLab(explainer_model("tiny", torch.device("cpu")), repeats=1)

@@ -8,22 +8,23 @@ import pytest
 import torch
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
-from torch.utils.checkpoint import (
-    CheckpointPolicy,
-    checkpoint,
-    create_selective_checkpoint_contexts,
-)
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from helpers.data import token_batch
+from helpers.device import CPU_TRACKER, TENSOR_TRACKER
 from helpers.memory import (
     CATEGORIES,
     MemoryTracker,
     measure_step,
+    micro_step_memory,
     new_live_bytes,
     record_timeline,
     run_or_oom,
     saved_activation_bytes,
+    tracker_method,
 )
-from helpers.models import GPTBlock, GPTConfig, ResidualMLP
+from helpers.models import GPT, GPTBlock, GPTConfig, ResidualMLP
+from helpers.training import lm_loss
 
 
 class UnseenNet(nn.Module):
@@ -365,3 +366,66 @@ def test_run_or_oom_lets_other_errors_through() -> None:
         run_or_oom(lambda: (_ for _ in ()).throw(RuntimeError("not memory")))
     with pytest.raises(ValueError, match="zero-argument callable"):
         run_or_oom(42)  # type: ignore[arg-type]
+
+
+def gpt_case():
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_layers=2, dropout=0.0)
+    x, y = token_batch(12, 16, 64, seed=2)
+    return GPT(cfg).eval(), lm_loss, x, y
+
+
+def _memory_case():
+    model, fn, x, y = gpt_case()
+    batches = list(zip(x.split(4), y.split(4), strict=True))
+    act = saved_activation_bytes(lambda: fn(model(batches[0][0]), batches[0][1]))
+    model.zero_grad(set_to_none=True)
+    return model, fn, batches, act
+
+
+def test_micro_step_memory_flat_for_the_correct_loop_and_growing_for_leaks():
+    model, fn, batches, act = _memory_case()
+    k = len(batches)
+
+    def correct(mark):
+        for i, (x, y) in enumerate(batches):
+            (fn(model(x), y) / k).backward()
+            mark(f"step {i + 1}")
+
+    def retain_and_keep(mark):
+        kept = []
+        for i, (x, y) in enumerate(batches):
+            loss = fn(model(x), y)
+            (loss / k).backward(retain_graph=True)
+            kept.append(loss)
+            mark(f"step {i + 1}")
+
+    def sum_losses(mark):
+        total = 0.0
+        for i, (x, y) in enumerate(batches):
+            total = total + fn(model(x), y) / k
+            mark(f"step {i + 1}")
+        total.backward()
+
+    flat = micro_step_memory(correct, model)
+    assert flat.labels == ["start", "step 1", "step 2", "step 3"]
+    assert abs(flat.growth(1, -1)) <= 64  # only the scalar loss is replaced; batches are not counted
+    assert flat.method == TENSOR_TRACKER == "tensor-tracker"
+    leak = micro_step_memory(retain_and_keep, model)
+    steps = [b - a for a, b in zip(leak.live_after[1:], leak.live_after[2:], strict=False)]
+    assert min(steps) >= 0.8 * act
+    summed = micro_step_memory(sum_losses, model)
+    assert summed.growth(0, -1) >= 0.9 * k * act
+    assert summed.peak_activations >= 0.7 * k * flat.peak_activations
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_micro_step_memory_rejects_non_callable():
+    with pytest.raises(TypeError, match="callable"):
+        micro_step_memory("loop", ResidualMLP(8, 32, 2, 3))
+
+
+def test_tracker_method_labels():
+
+    assert tracker_method("cpu") == TENSOR_TRACKER != CPU_TRACKER
+    assert tracker_method(torch.device("cuda")) == TENSOR_TRACKER == "tensor-tracker"

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from helpers import planner_lab
+from helpers.memory import run_capped
 from helpers.phases import UpdateMeasurer
 from helpers.planner import MemoryProfile
 
@@ -28,7 +29,7 @@ CKPT = _profile(activation_bytes_per_example=2 * MiB, label="checkpointed")
 
 def test_run_capped_needs_cuda() -> None:
     with pytest.raises(ValueError, match="CUDA"):
-        planner_lab.run_capped(lambda: None, 1e9, CPU)
+        run_capped(lambda: None, 1e9, CPU)
 
 
 # -- the lesson model, protocol, widget, diagram, checkers -------------------------------------

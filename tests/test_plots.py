@@ -13,6 +13,8 @@ import matplotlib.pyplot as plt
 import pytest
 
 from helpers import plots
+from helpers.phases import ConfigMemory
+from helpers.plots import plot_measured_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,3 +79,15 @@ def test_stacked_bars_and_timeline_draw(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
     plots.show(fig)
     assert len(shown) == 1 and not plt.fignum_exists(fig.number)  # displayed once, then closed
+
+
+def test_budget_line_is_labelled_as_a_drawn_24_gb_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    shown = []
+    monkeypatch.setattr(plots, "show", shown.append)
+    rows = [ConfigMemory(8, 2, 300, 200, 80, 20, "cpu-tracker"),
+            ConfigMemory(4, 4, 200, 100, 80, 20, "cpu-tracker")]
+    plot_measured_table(rows, budget=250.0)
+    (fig,) = shown
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    plt.close(fig)
+    assert any(t.startswith("24 GB budget") and t.endswith("(drawn)") for t in texts), texts

@@ -12,9 +12,14 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from helpers import formulas
 from helpers import saved_tensors as st
 from helpers.checkpointing import selective_shape
+from helpers.data import token_batch
 from helpers.device import seed_everything
 from helpers.memory import saved_activation_bytes
-from helpers.models import GPTBlock, GPTConfig
+from helpers.models import GPTBlock, GPTConfig, explainer_model
+from helpers.saved_tensors import origin_group, saved_tensor_bytes
+from helpers.training import lm_loss
+
+CPU = torch.device("cpu")
 
 B, S, H, A = 2, 16, 16, 2
 
@@ -305,3 +310,29 @@ def test_cuda_math_attention_mask_is_labelled() -> None:
     with sdpa_kernel(SDPBackend.MATH):
         rows = st.saved_tensor_table(block, torch.randn(B, S, H, device="cuda"))
     assert st.bytes_by_term(rows)["attention dropout mask"] == A * S * S * B  # 1 byte per element
+
+
+def test_saved_tensor_bytes_by_op_and_dtype() -> None:
+    model = explainer_model("tiny", CPU)
+    idx, targets = token_batch(2, model.cfg.seq_len, model.cfg.vocab_size)
+
+    def forward() -> torch.Tensor:
+        return lm_loss(model(idx), targets)
+
+    fp32 = saved_tensor_bytes(forward, model)
+    assert sum(fp32.values()) == saved_activation_bytes(forward)  # the live tracker agrees
+    assert {dtype for _, dtype in fp32} <= {"float32", "int64"}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = saved_tensor_bytes(forward, model)
+
+    def group(table: dict[tuple[str, str], int], name: str, dtype: str | None = None) -> int:
+        return sum(n for (op, dt), n in table.items() if origin_group(op) == name and dtype in (None, dt))
+
+    assert group(bf16, "matmul outputs") == group(fp32, "matmul outputs") // 2
+    assert group(bf16, "loss (log-softmax)", "float32") == group(fp32, "loss (log-softmax)") > 0
+    assert group(bf16, "autocast casts", "bfloat16") > 0 == group(fp32, "autocast casts")
+    assert origin_group("addmm") == "matmul outputs" and origin_group("weird_op") == "weird_op"
+    with pytest.raises(TypeError, match="callable"):
+        saved_tensor_bytes(42, model)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="requires grad"):
+        saved_tensor_bytes(lambda: torch.ones(2), model)

@@ -1,18 +1,15 @@
-"""helpers.updates: one accumulation update measured, the activation formula, and the line fit."""
+"""Tests of helpers.formulas: every memory formula against an independent count or a measurement."""
 
 from __future__ import annotations
 
 import dataclasses
-import re
+from collections.abc import Callable
 from fractions import Fraction
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
-from torch.utils.checkpoint import checkpoint
 
-from helpers import plots
 from helpers.data import token_batch
 from helpers.formulas import (
     activation_bytes_per_example,
@@ -21,15 +18,8 @@ from helpers.formulas import (
     predicted_update_peak_bytes,
 )
 from helpers.models import GPT, GPTConfig, explainer_config, explainer_model, seeded_gpt
-from helpers.training import lm_loss, make_optimizer
-from helpers.updates import (
-    ConfigMemory,
-    activation_sweep,
-    breakdown_for,
-    measure_config,
-    measure_update,
-    plot_measured_table,
-)
+from helpers.phases import ConfigMemory, activation_sweep, measure_update
+from helpers.training import lm_loss
 
 CPU = torch.device("cpu")
 
@@ -41,30 +31,6 @@ def test_linear_fit() -> None:
         linear_fit([2, 2], [1, 3])
     with pytest.raises(ValueError, match="equal-length"):
         linear_fit([1, 2], [1])
-
-
-def test_measured_rows_tiny() -> None:
-    model = explainer_model("tiny", CPU)
-    big = measure_config(model, micro_batch=8, steps=2)
-    small = measure_config(model, micro_batch=4, steps=4)
-    ckpt = measure_config(model, micro_batch=4, steps=4,
-                          block_wrapper=lambda b, x: checkpoint(b, x, use_reentrant=False))
-    assert big.effective_batch == small.effective_batch == 16
-    assert ckpt.activations_bytes < small.activations_bytes < big.activations_bytes
-    assert big.floor_bytes == small.floor_bytes == ckpt.floor_bytes
-    assert model.block_wrapper is None  # restored after measuring
-
-
-def test_sweep_is_linear_and_floor_is_constant() -> None:
-    model = explainer_model("tiny", CPU)
-    sweep = activation_sweep(model, [1, 2, 3, 4], progress=False)
-    fit = linear_fit(list(sweep), [m.breakdown["activations"] for m in sweep.values()])
-    assert fit.r2 > 0.99
-    assert len({m.floor_bytes for m in sweep.values()}) == 1
-    sgd = breakdown_for(model, 2, "sgd")
-    assert sgd is not None and sgd.breakdown["optimizer_state"] == 0
-    with pytest.raises(ValueError, match="at least two"):
-        activation_sweep(model, [4])
 
 
 # -- the drawn budget, the formulas, the shortcut (issue 10/11 items of lesson 01) -------------
@@ -96,19 +62,6 @@ def test_formula_refuses_other_models() -> None:
         activation_bytes_per_example({"d_model": 64})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="micro_batch"):
         predicted_update_peak_bytes(explainer_config("tiny"), 0)
-
-
-def test_two_micro_steps_give_the_peak_of_many() -> None:
-    model = explainer_model("tiny", CPU)
-    full = measure_update(model, micro_batch=3, steps=6)
-    short = measure_update(model, micro_batch=3, steps=6, max_micro_steps=2)
-    assert short.peak_bytes == full.peak_bytes
-    row = measure_config(model, micro_batch=3, steps=6, max_micro_steps=2)
-    assert row.steps == 6 and row.effective_batch == 18 and row.peak_bytes == full.peak_bytes
-    with pytest.raises(ValueError, match="max_micro_steps must be an int >= 2"):
-        measure_update(model, micro_batch=3, steps=6, max_micro_steps=1)
-    with pytest.raises(TypeError, match="steps"):
-        measure_update(model, micro_batch=3, steps=True)  # type: ignore[arg-type]
 
 
 def test_linear_fit_on_noisy_data_matches_numpy() -> None:
@@ -167,18 +120,11 @@ def test_activation_formula_equals_what_autograd_saves(cfg: GPTConfig) -> None:
     assert activation_bytes_per_example(cfg) == one
 
 
-def _optimizer_state_bytes(model: GPT, optimizer: str) -> int:
-    """Bytes of the state torch's optimizer keeps after one real step (exp_avg, step, momentum...)."""
-    opt = make_optimizer(optimizer, model)
-    for p in model.parameters():
-        p.grad = torch.ones_like(p)
-    opt.step()
-    total = sum(t.nbytes for state in opt.state.values() for t in state.values() if torch.is_tensor(t))
-    opt.zero_grad(set_to_none=True)
-    return total
 
 
-def test_predicted_peak_terms_match_independent_counts() -> None:
+def test_predicted_peak_terms_match_independent_counts(
+    optimizer_state_bytes: Callable[[torch.nn.Module, str], int],
+) -> None:
     """Each term of the predicted peak against a count that does not use the formula.
 
     - per example: the saved float32 activations (hooks) plus the logits' and their log-softmax's
@@ -208,9 +154,9 @@ def test_predicted_peak_terms_match_independent_counts() -> None:
     assert fixed == masks + torch.arange(TINY.seq_len).nbytes + 2 * 4 == 50
     assert pred(1, steps=2) - pred(1) == params  # the gradients
     for optimizer in ("sgd-momentum", "adam", "adamw"):
-        state = _optimizer_state_bytes(model, optimizer)
+        state = optimizer_state_bytes(model, optimizer)
         assert pred(1, optimizer) - pred(1) == state, optimizer
-    assert _optimizer_state_bytes(model, "adam") == 2 * params + 4 * len(list(model.parameters()))
+    assert optimizer_state_bytes(model, "adam") == 2 * params + 4 * len(list(model.parameters()))
 
 
 def test_result_rows_are_frozen() -> None:
@@ -220,61 +166,6 @@ def test_result_rows_are_frozen() -> None:
     fit = linear_fit([1, 2], [1, 2])
     with pytest.raises(dataclasses.FrozenInstanceError):
         fit.r2 = 0.5  # type: ignore[misc]
-
-
-def test_measure_update_takes_one_true_sgd_step_and_restores_the_model() -> None:
-    """After measuring, the weights are those of plain SGD (lr 1e-3) computed here on full batches:
-    the warm-up step on micro-batch 0 (its loss / K), then one step on micro-batches 0 and 1 together
-    (their mean loss = the accumulated loss / K). The previous block wrapper is back, no gradient left."""
-    model = _gpt(TINY)
-    reference = _gpt(TINY)
-    seen: list[str] = []
-
-    def plain(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return block(x)
-
-    def wrapped(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        seen.append("wrapped")
-        return block(x)
-
-    model.block_wrapper = plain
-    measure_update(model, micro_batch=1, steps=2, optimizer="sgd", block_wrapper=wrapped)
-    assert seen and model.block_wrapper is plain
-    assert all(p.grad is None for p in model.parameters())
-
-    x0, y0 = token_batch(1, TINY.seq_len, TINY.vocab_size, seed=0)
-    x1, y1 = token_batch(1, TINY.seq_len, TINY.vocab_size, seed=1)
-    for idx, targets, factor in ((x0, y0, 0.5), (torch.cat([x0, x1]), torch.cat([y0, y1]), 1.0)):
-        grads = torch.autograd.grad(lm_loss(reference(idx), targets), list(reference.parameters()))
-        with torch.no_grad():
-            for p, g in zip(reference.parameters(), grads, strict=True):
-                p -= 1e-3 * factor * g
-    start = _gpt(TINY)
-    for p, q, p0 in zip(model.parameters(), reference.parameters(), start.parameters(), strict=True):
-        torch.testing.assert_close(p - p0, q - p0, rtol=1e-3, atol=1e-9)
-
-
-def test_breakdown_for_defaults_to_adam_and_the_sweep_shows_progress(capsys: pytest.CaptureFixture) -> None:
-    model = _gpt(TINY)
-    adam_state = _optimizer_state_bytes(_gpt(TINY), "adam")
-    assert breakdown_for(model, 2).breakdown["optimizer_state"] == adam_state
-    sweep = activation_sweep(model, [1, 2])  # two sizes are enough for a line; a bar by default
-    assert list(sweep) == [1, 2]
-    assert re.search(r"(^|\r)micro-batch sweep: 100%", capsys.readouterr().err)
-    activation_sweep(model, [1, 2], progress=False)
-    assert capsys.readouterr().err == ""
-
-
-def test_budget_line_is_labelled_as_a_drawn_24_gb_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    shown = []
-    monkeypatch.setattr(plots, "show", shown.append)
-    rows = [ConfigMemory(8, 2, 300, 200, 80, 20, "cpu-tracker"),
-            ConfigMemory(4, 4, 200, 100, 80, 20, "cpu-tracker")]
-    plot_measured_table(rows, budget=250.0)
-    (fig,) = shown
-    texts = [t.get_text() for t in fig.axes[0].texts]
-    plt.close(fig)
-    assert any(t.startswith("24 GB budget") and t.endswith("(drawn)") for t in texts), texts
 
 
 def _exact_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
