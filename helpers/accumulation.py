@@ -19,7 +19,7 @@ The public API (other lessons rely on these names):
   instruments.
 
 Lesson 03's instruments and widgets (memory per micro-step, throughput, plots)
-live in `helpers.accumulation_lab`; lesson 04's pitfalls in `helpers.pitfalls`.
+live in `helpers.lessons.lesson03`; lesson 04's pitfalls in `helpers.pitfalls`.
 
 Rules shared by the gradient functions:
 

@@ -314,7 +314,7 @@ _EXPLAINER_SIZES = {
 def explainer_config(scale: str) -> GPTConfig:
     """GPT sizes of the model lessons 01 and 02 measure at `scale` (one of `helpers.device.SCALES`).
 
-    No dropout, attention written out: the model `helpers.budget`'s formulas describe.
+    No dropout, attention written out: the model `helpers.formulas` describes.
     """
     choice("scale", scale, SCALES)
     return GPTConfig(dropout=0.0, **_EXPLAINER_SIZES[scale])

@@ -2,7 +2,7 @@
 
 The API that lesson 06 builds and checks, and that later lessons reuse (lesson 08's ledger,
 lesson 09's meta-device profiles). The lesson's instruments (its model, the phase
-measurements, the widget, the exercises) are in `helpers.planner_lab`.
+measurements, the widget, the exercises) are in `helpers.lessons.lesson06`.
 
 - `DECISION_RULE`, `RULE_COROLLARY`, `decision_rule()`: which technique first, stated once.
   `recommend`'s reasons, lesson 08's follow-up answer and lessons 06 and 09 quote these
@@ -10,7 +10,7 @@ measurements, the widget, the exercises) are in `helpers.planner_lab`.
 - `fit_profile(measure, sizes)` -> `MemoryProfile`: the floor, other, activation bytes per
   example and the optimizer-phase peak, fitted at a few micro-batch sizes from
   `StepMemory` (`helpers.memory.measure_step`) or `PhaseMemory`
-  (`helpers.planner_lab.measure_phases`) results; `MemoryProfile.predict_peak(b)` predicts
+  (`helpers.phases.measure_phases`) results; `MemoryProfile.predict_peak(b)` predicts
   the peak for any micro-batch.
 - `recommend` -> `Plan`: `DECISION_RULE` applied to a budget (steps 4 and 5: the largest
   micro-batch at or above `min_micro_batch` that fits without checkpointing, else with it,

@@ -16,7 +16,7 @@ that one count (what Hugging Face Transformers passes as `num_items_in_batch`).
 - Reports: `token_weighting_report` (one K, spread), `accumulation_report` (one B, K, spread).
 
 The lesson's sizes, figures, widget, exercise checkers and per-lesson protocol are in
-`helpers.tokens_lab`. Labels use `IGNORE_INDEX` (-100, PyTorch's and Hugging Face's
+`helpers.lessons.lesson05`. Labels use `IGNORE_INDEX` (-100, PyTorch's and Hugging Face's
 convention) at padding positions; `helpers.training.lm_loss` skips them.
 """
 

@@ -119,9 +119,9 @@ def measure_step_overhead(repeats: int = 20) -> dict:
     import torch
 
     from helpers.data import token_batch
+    from helpers.lessons.lesson06 import lesson_model
     from helpers.memory import measure_step
     from helpers.phases import accumulate_update
-    from helpers.planner_lab import lesson_model
 
     model = lesson_model("small", "cpu")
     cfg = model.cfg

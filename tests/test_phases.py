@@ -14,9 +14,9 @@ from helpers import phases
 from helpers.accumulation import compare_grads, flat_grad, full_batch_grad
 from helpers.data import regression_batch, token_batch
 from helpers.formulas import linear_fit
+from helpers.lessons.lesson06 import lesson_model
 from helpers.models import GPTConfig, ResidualMLP, explainer_model, seeded_gpt
 from helpers.phases import activation_sweep, breakdown_for, measure_config, measure_update
-from helpers.planner_lab import lesson_model
 from helpers.training import lm_loss
 
 CPU = torch.device("cpu")

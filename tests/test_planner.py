@@ -15,10 +15,10 @@ import torch.nn.functional as F
 
 from helpers import formulas, planner
 from helpers.data import regression_batch
+from helpers.lessons.lesson06 import lesson_config
 from helpers.memory import StepMemory, measure_step
 from helpers.models import GPTConfig, ResidualMLP
 from helpers.phases import PhaseMemory, measure_phases
-from helpers.planner_lab import lesson_config
 
 MiB = 2**20
 

@@ -1,4 +1,4 @@
-"""Tests of helpers.accumulation_lab (lesson 03): memory per micro-step, widgets, sizes, checkers."""
+"""Tests of helpers.lessons.lesson03 (lesson 03): memory per micro-step, widgets, sizes, checkers."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import accumulation_lab as lab
 from helpers import formulas
-from helpers.accumulation_lab import (
+from helpers.data import regression_batch, token_batch
+from helpers.lessons import lesson03
+from helpers.lessons.lesson03 import (
     gradient_error,
     plot_micro_step_memory,
     scatter_grads,
     show_gradient_error,
     throughput_sweep,
 )
-from helpers.data import regression_batch, token_batch
 from helpers.memory import micro_step_memory, saved_activation_bytes
 from helpers.models import GPT, GPTConfig, ResidualMLP
 from helpers.training import lm_loss
@@ -88,7 +88,7 @@ def test_throughput_sweep_reports_median_and_spread():
 
 def test_gpt_activation_formula_and_param_count():
     for cfg, b in [(GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_layers=2, dropout=0.0), 3),
-                   (lab.lesson_sizes("tiny").gpt, 2)]:
+                   (lesson03.lesson_sizes("tiny").gpt, 2)]:
         torch.manual_seed(0)
         model = GPT(cfg)
         x, y = token_batch(b, cfg.seq_len, cfg.vocab_size, seed=0)
@@ -103,12 +103,12 @@ def test_gpt_activation_formula_and_param_count():
 
 @pytest.mark.parametrize("scale", ["tiny", "small", "medium", "full"])
 def test_predicted_peak_fits_the_scale(scale):
-    peak = lab.predicted_peak_bytes(scale)
+    peak = lesson03.predicted_peak_bytes(scale)
     assert 0 < peak <= {"tiny": 1e9, "small": 1e9, "medium": 0.7 * 12e9, "full": 0.7 * 40e9}[scale]
 
 
 def test_widget_latency_cases_run(capsys):
-    cases = lab.widget_latency_cases("tiny", torch.device("cpu"))
+    cases = lesson03.widget_latency_cases("tiny", torch.device("cpu"))
     assert any(k.startswith("memory") for k in cases) and any(k.startswith("gradient") for k in cases)
     for fn in cases.values():
         fn()
@@ -118,10 +118,10 @@ def test_widget_latency_cases_run(capsys):
 @pytest.mark.parametrize(
     ("check", "right", "wrong"),
     [
-        (lab.check_exercise_1, (1.0,), (8.0,)),
-        (lab.check_exercise_2, (1.0,), (8.0,)),
-        (lab.check_exercise_3, ("keep logits",), ("keep predictions",)),
-        (lab.check_exercise_4, ("c", "item"), ("b", "detach")),
+        (lesson03.check_exercise_1, (1.0,), (8.0,)),
+        (lesson03.check_exercise_2, (1.0,), (8.0,)),
+        (lesson03.check_exercise_3, ("keep logits",), ("keep predictions",)),
+        (lesson03.check_exercise_4, ("c", "item"), ("b", "detach")),
     ],
 )
 def test_exercise_checkers(check, right, wrong, capsys):
@@ -140,8 +140,8 @@ def test_throughput_sweep_with_a_step_of_known_cost(monkeypatch: pytest.MonkeyPa
         now[0] += cost[micro_batch].pop(0)
         return torch.zeros(1)
 
-    monkeypatch.setattr(lab.time, "perf_counter", lambda: now[0])
-    monkeypatch.setattr(lab, "accumulated_grad", fake_update)
+    monkeypatch.setattr(lesson03.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(lesson03, "accumulated_grad", fake_update)
     model, fn, x, y = mlp_case()
     n = x.shape[0]
     res = throughput_sweep(model, fn, x, y, [2, 8], rounds=3)

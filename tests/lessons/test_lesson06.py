@@ -1,11 +1,11 @@
-"""helpers.planner_lab (lesson 06): the model, the capped run, protocol, widget, diagram, checkers."""
+"""helpers.lessons.lesson06 (lesson 06): the model, the capped run, protocol, widget, diagram, checkers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from helpers import planner_lab
+from helpers.lessons import lesson06
 from helpers.memory import run_capped
 from helpers.phases import UpdateMeasurer
 from helpers.planner import MemoryProfile
@@ -35,28 +35,28 @@ def test_run_capped_needs_cuda() -> None:
 # -- the lesson model, protocol, widget, diagram, checkers -------------------------------------
 def test_lesson_config_and_model_leave_the_rng_alone() -> None:
     with pytest.raises(ValueError, match="scale='huge'"):
-        planner_lab.lesson_config("huge")
+        lesson06.lesson_config("huge")
     state = torch.random.get_rng_state()
-    a = planner_lab.lesson_model("tiny", CPU)
+    a = lesson06.lesson_model("tiny", CPU)
     assert torch.equal(state, torch.random.get_rng_state())
-    b = planner_lab.lesson_model("tiny", CPU)
+    b = lesson06.lesson_model("tiny", CPU)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
 
 
 def test_predicted_peak_fits_the_scale_classes() -> None:
-    assert planner_lab.predicted_peak_bytes("medium") <= 0.7 * 12e9
-    assert planner_lab.predicted_peak_bytes("full") <= 0.7 * 40e9
-    assert 0 < planner_lab.predicted_peak_bytes("tiny") < planner_lab.predicted_peak_bytes("small")
+    assert lesson06.predicted_peak_bytes("medium") <= 0.7 * 12e9
+    assert lesson06.predicted_peak_bytes("full") <= 0.7 * 40e9
+    assert 0 < lesson06.predicted_peak_bytes("tiny") < lesson06.predicted_peak_bytes("small")
 
 
 def test_predicted_peak_is_above_the_measured_tiny_run() -> None:
-    model = planner_lab.lesson_model("tiny", CPU)
-    measured = UpdateMeasurer(model)(*planner_lab.LARGEST_RUN)
-    assert measured.peak_bytes <= planner_lab.predicted_peak_bytes("tiny")
+    model = lesson06.lesson_model("tiny", CPU)
+    measured = UpdateMeasurer(model)(*lesson06.LARGEST_RUN)
+    assert measured.peak_bytes <= lesson06.predicted_peak_bytes("tiny")
 
 
 def test_widget_cases_run_at_tiny(capsys: pytest.CaptureFixture[str]) -> None:
-    cases = planner_lab.widget_latency_cases("tiny", CPU)
+    cases = lesson06.widget_latency_cases("tiny", CPU)
     assert {"B=1", "B=16", "K=1", "K=8", "checkpoint on", "budget below floor"} <= set(cases)
     cases["budget below floor"]()
     out = capsys.readouterr().out
@@ -69,19 +69,19 @@ def test_decision_diagram(tmp_path) -> None:  # noqa: ANN001
     import matplotlib.pyplot as plt
 
     path = tmp_path / "diagram.png"
-    fig = planner_lab.draw_decision_diagram(str(path))
+    fig = lesson06.draw_decision_diagram(str(path))
     plt.close(fig)
     assert path.stat().st_size > 10_000
 
 
 def test_exercise_checkers(capsys: pytest.CaptureFixture[str]) -> None:
-    assert planner_lab.check_exercise_1(4, 8, True).startswith("Correct")
-    assert planner_lab.check_exercise_1(4, 8, False).startswith("Close")
-    assert planner_lab.check_exercise_1(2, 16, False).startswith("Not yet")
-    assert planner_lab.check_exercise_2(10.875).startswith("Correct")
-    assert planner_lab.check_exercise_2(14.5).startswith("Not yet")
-    assert planner_lab.check_exercise_2("ten").startswith("Give a number")  # type: ignore[arg-type]
+    assert lesson06.check_exercise_1(4, 8, True).startswith("Correct")
+    assert lesson06.check_exercise_1(4, 8, False).startswith("Close")
+    assert lesson06.check_exercise_1(2, 16, False).startswith("Not yet")
+    assert lesson06.check_exercise_2(10.875).startswith("Correct")
+    assert lesson06.check_exercise_2(14.5).startswith("Not yet")
+    assert lesson06.check_exercise_2("ten").startswith("Give a number")  # type: ignore[arg-type]
     answer = min(PLAIN.predict_peak(1, accumulation_steps=32), CKPT.predict_peak(1, accumulation_steps=32))
-    assert planner_lab.check_exercise_3(answer, PLAIN, CKPT).startswith("Correct")
-    assert planner_lab.check_exercise_3(2 * answer, PLAIN, CKPT).startswith("Not yet")
+    assert lesson06.check_exercise_3(answer, PLAIN, CKPT).startswith("Correct")
+    assert lesson06.check_exercise_3(2 * answer, PLAIN, CKPT).startswith("Not yet")
     assert "Correct" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Tests of helpers.tokens_lab (lesson 05): sizes and the protocol, the widget, figures, exercise checkers."""
+"""Tests of helpers.lessons.lesson05: sizes, figures, the widget and the exercise checkers."""
 
 from __future__ import annotations
 
@@ -13,20 +13,7 @@ import torch.nn.functional as F
 from helpers.accumulation import compare_grads
 from helpers.device import SCALES
 from helpers.formulas import predicted_step_peak_bytes
-from helpers.memory import measure_step
-from helpers.tokens import (
-    IGNORE_INDEX,
-    MicroBatch,
-    count_valid_tokens,
-    fixed_step,
-    full_batch_step,
-    naive_step,
-    pad_sequences,
-    split_micro_batches,
-    tiny_lm,
-    variable_length_sequences,
-)
-from helpers.tokens_lab import (
+from helpers.lessons.lesson05 import (
     ERROR_FLOOR,
     check_exercise_1,
     check_exercise_2,
@@ -39,6 +26,19 @@ from helpers.tokens_lab import (
     show_token_report,
     weight_distance,
     widget_latency_cases,
+)
+from helpers.memory import measure_step
+from helpers.tokens import (
+    IGNORE_INDEX,
+    MicroBatch,
+    count_valid_tokens,
+    fixed_step,
+    full_batch_step,
+    naive_step,
+    pad_sequences,
+    split_micro_batches,
+    tiny_lm,
+    variable_length_sequences,
 )
 
 matplotlib.use("Agg")

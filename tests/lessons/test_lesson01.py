@@ -1,4 +1,4 @@
-"""helpers.budget (lesson 01): the explainer's calculator and the measured rows."""
+"""helpers.lessons.lesson01 (lesson 01): the explainer's calculator and the measured rows."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from helpers.budget import (
+from helpers.device import SCALES
+from helpers.formulas import activation_bytes_per_example
+from helpers.lessons.lesson01 import (
     budget_row,
     check_exercise_1,
     check_exercise_2,
@@ -18,8 +20,6 @@ from helpers.budget import (
     predicted_peak_bytes,
     widget_latency_cases,
 )
-from helpers.device import SCALES
-from helpers.formulas import activation_bytes_per_example
 from helpers.models import GPT, explainer_config
 
 CPU = torch.device("cpu")
