@@ -13,7 +13,7 @@
   experiment with `checkpoint_sequential`, and its uneven last segment.
 - `freeze_batchnorm_stats`: the fix for BatchNorm's double update.
 - `TradeOffLab`: the pure functions behind the lesson's widget (B, K, checkpointing).
-- Sizes per scale (`block_shape`, `gpt_setup`, `selective_shape`, `chain_shape`),
+- Sizes per scale (`block_shape`, `deep_gpt_setup`, `selective_shape`, `chain_shape`),
   `predicted_peak_bytes` and `widget_latency_cases` (the per-lesson protocol),
   and the exercise checkers `check_exercise_1` ... `check_exercise_4`.
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -33,51 +32,18 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential, create_selective_checkpoint_contexts
 
-from helpers import plots
-from helpers.costs import Timing, count_flops, interleaved_times
-from helpers.data import token_batch
-from helpers.device import SCALES, by_scale
-from helpers.formulas import KORTHIKANTI, QUADRATIC_TERMS, gpt_step_peak_bytes, korthikanti_terms
-from helpers.memory import MemoryTracker, StepMemory, run_or_oom, saved_activation_bytes
-from helpers.models import (
-    GPT,
-    BlockWrapper,
-    GPTBlock,
-    GPTConfig,
-    MLPBlock,
-    device_of,
-    explainer_config,
-    explainer_model,
-)
-from helpers.phases import measure_update
+from helpers.memory import MemoryTracker, saved_activation_bytes
+from helpers.models import BlockWrapper, MLPBlock
 from helpers.saved_tensors import (
-    SavedTensor,
     attention_core_policy,
-    bytes_by_term,
-    dropout_mask_bytes,
     save_matmul_outputs,
-    saved_tensor_table,
 )
-from helpers.training import OPTIMIZERS, lm_loss
-from helpers.validate import (
-    answer_number,
-    bool_arg,
-    choice,
-    instance_arg,
-    int_at_least,
-    int_in_range,
-    positive_int,
-)
+from helpers.validate import bool_arg, choice, instance_arg, int_at_least, int_in_range, positive_int
 
 __all__ = [
-    "CHAIN_KINDS", "CHAIN_LENGTHS", "EXERCISE_CHAIN", "POLICIES", "QUADRATIC_TERMS", "REFERENCE_ROWS",
-    "WIDGET_MAX_STEPS", "SavedTensor", "SegmentPoint", "TradeOff", "TradeOffLab", "attention_core_policy",
-    "block_shape", "bytes_by_term", "chain_layer_costs", "chain_shape", "check_exercise_1",
-    "check_exercise_2", "check_exercise_3", "check_exercise_4", "checkpoint_with", "divisors",
-    "dropout_mask_bytes", "exercise_3_measurement", "freeze_batchnorm_stats", "gpt_setup",
-    "korthikanti_terms", "make_block_wrapper", "make_chain", "params_without_grad", "plot_trade_offs",
-    "predicted_peak_bytes", "save_matmul_outputs", "saved_tensor_table", "segment_cost", "segment_sizes",
-    "segment_sweep", "selective_shape", "widget_latency_cases", "widget_max_micro_batch",
+    "CHAIN_KINDS", "EXERCISE_CHAIN", "POLICIES", "SegmentPoint", "chain_layer_costs", "checkpoint_with",
+    "divisors", "freeze_batchnorm_stats", "make_block_wrapper", "make_chain", "params_without_grad",
+    "segment_cost", "segment_sizes", "segment_sweep",
 ]
 
 POLICIES = ("none", "full", "save-matmuls", "attention-core")
@@ -286,352 +252,11 @@ def freeze_batchnorm_stats(model: nn.Module) -> Iterator[None]:
 # ---------------------------------------------------------------------------
 
 
-def block_shape(scale: str) -> tuple[int, int, int, int]:
-    """(b, s, h, a) of the single block in section 1: micro-batch, sequence, hidden, heads."""
-    return by_scale(scale, tiny=(4, 32, 32, 2), small=(8, 64, 64, 4), medium=(4, 1024, 512, 8),
-                    full=(8, 1024, 1024, 16))
-
-
-def selective_shape(scale: str) -> tuple[int, int, int, int]:
-    """(b, s, h, a) of the block that tests Korthikanti's selective recomputation (a*s/h = 16)."""
-    return by_scale(scale, tiny=(2, 64, 16, 4), small=(4, 256, 64, 4), medium=(2, 1024, 512, 8),
-                    full=(4, 1024, 1024, 16))
-
-
-def gpt_setup(scale: str) -> tuple[GPTConfig, int]:
-    """(config, micro-batch) of the GPT that sections 2-9 checkpoint."""
-    cfg = by_scale(
-        scale,
-        tiny=GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=8, dropout=0.1),
-        small=GPTConfig(vocab_size=128, seq_len=64, d_model=64, n_heads=4, n_layers=8, dropout=0.1),
-        medium=GPTConfig(vocab_size=8192, seq_len=1024, d_model=512, n_heads=8, n_layers=8, dropout=0.1),
-        full=GPTConfig(vocab_size=8192, seq_len=1024, d_model=1024, n_heads=16, n_layers=12, dropout=0.1),
-    )
-    return cfg, by_scale(scale, tiny=4, small=8, medium=4, full=4)
-
-
-def chain_shape(scale: str) -> tuple[int, int]:
-    """(width, batch) of the layer chains in the sqrt(n) section."""
-    return by_scale(scale, tiny=(32, 16), small=(128, 64), medium=(1024, 512), full=(1024, 1024))
-
-
-def widget_max_micro_batch(scale: str) -> int:
-    """The largest micro-batch the widget's slider offers at `scale`."""
-    return by_scale(scale, tiny=8, small=16, medium=8, full=8)
-
-
-WIDGET_MAX_STEPS = 16
-CHAIN_LENGTHS = (16, 36, 64)
-
-
-def predicted_peak_bytes(scale: str) -> int:
-    """Predicted peak memory of lesson 02's largest experiment at `scale`, from its formulas.
-
-    The candidates: the section GPT's Adam step (section 7), the widget's model at
-    its largest micro-batch (section 10), and the single blocks of sections 1 and 5
-    (twice their Korthikanti bytes: saved tensors plus backward's temporaries).
-    No tensor is allocated.
-    """
-    choice("scale", scale, SCALES)
-    cfg, b = gpt_setup(scale)
-    candidates = [gpt_step_peak_bytes(cfg, b),
-                  gpt_step_peak_bytes(explainer_config(scale), widget_max_micro_batch(scale))]
-    for bb, s, h, a in (block_shape(scale), selective_shape(scale)):
-        candidates.append(2 * sum(korthikanti_terms(s=s, b=bb, h=h, a=a, act_bytes=4, mask_bytes=4).values()))
-    width, batch = chain_shape(scale)
-    candidates.append(max(CHAIN_LENGTHS) * 8 * width * batch * 4)  # MLP chain, k = 1: ~6-7 boundaries a layer
-    return int(max(candidates))
-
-
 # ---------------------------------------------------------------------------
 # Widget: B, K and checkpointing, beside the explainer's three rows
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TradeOff:
-    """One configuration: micro-batch B, K accumulation steps, with or without checkpointing.
-
-    Memory comes from a measured update (`helpers.phases.measure_update`), FLOPs
-    from FlopCounterMode on one micro-step times K, time from interleaved
-    micro-step timings times K (shown, not asserted).
-    """
-
-    micro_batch: int
-    steps: int
-    checkpointed: bool
-    memory: StepMemory
-    flops_per_update: int
-    plain_flops_per_update: int
-    time_per_update: Timing
-
-    @property
-    def effective_batch(self) -> int:
-        """Examples per optimizer update: B x K."""
-        return self.micro_batch * self.steps
-
-    @property
-    def extra_flops(self) -> int:
-        """FLOPs per update beyond the same B x K without checkpointing."""
-        return self.flops_per_update - self.plain_flops_per_update
-
-    @property
-    def label(self) -> str:
-        """E.g. '4 x 8, checkpointed'."""
-        return f"{self.micro_batch} x {self.steps}" + (", checkpointed" if self.checkpointed else "")
-
-
-REFERENCE_ROWS = ((8, 4, False), (4, 8, False), (4, 8, True))
-
-
-class TradeOffLab:
-    """Measures `TradeOff`s on one model and caches what a slider move does not change.
-
-    - memory: a measured update of min(K, 2) micro-steps, cached per (B, min(K, 2),
-      checkpointed): from the second micro-step on, the peak is the same for any K
-      (the notebook asserts this once against a full K-step update);
-    - FLOPs and time of one micro-step, with and without checkpointing, cached per B;
-      per update they are K times that (the notebook asserts it for FLOPs).
-    """
-
-    def __init__(self, model: GPT, *, repeats: int = 3, optimizer: str = "adam") -> None:
-        self.model = instance_arg("model", model, GPT, "helpers.models.GPT")
-        self.repeats = positive_int("repeats", repeats)
-        self.optimizer = choice("optimizer", optimizer, OPTIMIZERS)
-        self._memory: dict[tuple[int, int, bool], StepMemory] = {}
-        self._micro: dict[int, tuple[int, int, Timing, Timing]] = {}
-
-    @staticmethod
-    def wrapper(checkpointed: bool) -> BlockWrapper | None:
-        """The block wrapper: `checkpoint(block, x, use_reentrant=False)` or None."""
-        if not checkpointed:
-            return None
-        return lambda block, x: checkpoint(block, x, use_reentrant=False)
-
-    def micro_step(self, micro_batch: int, checkpointed: bool) -> Callable[[], None]:
-        """One forward + backward of `micro_batch` examples (gradients cleared after)."""
-        cfg, model = self.model.cfg, self.model
-        idx, targets = token_batch(micro_batch, cfg.seq_len, cfg.vocab_size, seed=0, device=device_of(model))
-        wrapper = self.wrapper(checkpointed)
-
-        def step() -> None:
-            previous, model.block_wrapper = model.block_wrapper, wrapper
-            try:
-                lm_loss(model(idx), targets).backward()
-            finally:
-                model.block_wrapper = previous
-                model.zero_grad(set_to_none=True)
-
-        return step
-
-    def _micro_costs(self, b: int) -> tuple[int, int, Timing, Timing]:
-        if b not in self._micro:
-            plain, ckpt = self.micro_step(b, False), self.micro_step(b, True)
-            flops = count_flops(plain), count_flops(ckpt)  # these runs also warm both steps up
-            times = interleaved_times({"plain": plain, "ckpt": ckpt},
-                                      device=device_of(self.model),
-                                      repeats=self.repeats, warmup=0)
-            self._micro[b] = (*flops, times["plain"], times["ckpt"])
-        return self._micro[b]
-
-    def measure(self, micro_batch: int, steps: int, checkpointed: bool) -> TradeOff | None:
-        """The trade-off of B x K (checkpointed or not), or None when CUDA runs out of memory."""
-        int_at_least("micro_batch", micro_batch, 1)
-        int_at_least("steps", steps, 1)
-        bool_arg("checkpointed", checkpointed)
-        key = (micro_batch, min(steps, 2), checkpointed)
-        if key not in self._memory:
-            mem = run_or_oom(lambda: measure_update(self.model, micro_batch=micro_batch, steps=key[1],
-                                                    optimizer=self.optimizer,
-                                                    block_wrapper=self.wrapper(checkpointed)))
-            if mem is None:
-                return None
-            self._memory[key] = mem
-        costs = run_or_oom(lambda: self._micro_costs(micro_batch))
-        if costs is None:
-            return None
-        plain_flops, ckpt_flops, plain_t, ckpt_t = costs
-        flops = ckpt_flops if checkpointed else plain_flops
-        timing = (ckpt_t if checkpointed else plain_t).scaled(steps)
-        return TradeOff(micro_batch, steps, checkpointed, self._memory[key], steps * flops,
-                        steps * plain_flops, timing)
-
-    def show(self, micro_batch: int = 4, steps: int = 8, checkpointed: bool = False) -> None:
-        """The widget's work: your B x K beside the explainer's three rows, drawn and printed."""
-        yours = self.measure(micro_batch, steps, checkpointed)
-        print(f"effective batch B x K = {micro_batch} x {steps} = {micro_batch * steps}")
-        if yours is None:
-            print(f"{micro_batch} x {steps}: OOM on this device; pick a smaller micro-batch")
-            return
-        rows = [r for r in (self.measure(*ref) for ref in REFERENCE_ROWS) if r is not None]
-        labels = [r.label for r in rows] + [f"yours: {yours.label}"]
-        rows.append(yours)
-        fig = plot_trade_offs(rows, [label.replace(", ", "\n").replace(": ", ":\n") for label in labels])
-        for label, r in zip(labels, rows, strict=True):
-            print(f"{label:>26}: peak {plots.format_bytes(r.memory.peak_bytes):>10}, activations "
-                  f"{plots.format_bytes(r.memory.breakdown['activations']):>10}, extra FLOPs/update "
-                  f"{100 * r.extra_flops / r.plain_flops_per_update:+4.0f}%, time/update "
-                  f"{r.time_per_update.describe()}")
-        print("Time is K x the median micro-step of interleaved runs: shown, not asserted "
-              "(noisy on a shared CPU).")
-        plots.show(fig)
-
-
-def plot_trade_offs(rows: Sequence[TradeOff], labels: Sequence[str]) -> object:
-    """Left: peak broken into floor / activations / other. Right: time per update, extra FLOPs on top."""
-    if not rows or len(rows) != len(labels):
-        raise ValueError(f"need one label per row, got {len(rows)} rows and {len(labels)} labels")
-    fig, (left, right) = plots.figure(2, width=11, height=3.6)
-    data = {label: {"parameters + gradients + optimizer_state": r.memory.floor_bytes,
-                    "activations": r.memory.breakdown["activations"],
-                    "other": r.memory.breakdown["other"]} for label, r in zip(labels, rows, strict=True)}
-    plots.stacked_bars(left, data, title=f"peak of one update ({rows[0].memory.method})")
-    left.tick_params(axis="x", labelsize=8)
-    ms = [1e3 * r.time_per_update.median for r in rows]
-    err = [[1e3 * (r.time_per_update.median - r.time_per_update.low) for r in rows],
-           [1e3 * (r.time_per_update.high - r.time_per_update.median) for r in rows]]
-    xs = range(len(rows))
-    right.bar(xs, ms, yerr=err, capsize=3, color=["#4C72B0"] * (len(rows) - 1) + ["#DD8452"])
-    for x, r in zip(xs, rows, strict=True):
-        top = 1e3 * r.time_per_update.high
-        right.annotate(f"{100 * r.extra_flops / r.plain_flops_per_update:+.0f}% FLOPs", (x, top),
-                       ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
-    right.set_xticks(list(xs), list(labels), fontsize=8)
-    right.set_ylim(0, 1.15 * max(1e3 * r.time_per_update.high for r in rows))
-    right.set_ylabel("ms per update (median, min-max)")
-    right.set_title("time per update: shown, not asserted")
-    return fig
-
-
-def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:
-    """One zero-argument callable per widget control move, doing that move's full work.
-
-    Builds the widget's model (`helpers.models.explainer_model`) and a `TradeOffLab`
-    as the notebook does; each case redraws from the default (B=4, K=8, off).
-    """
-    choice("scale", scale, SCALES)
-    lab = TradeOffLab(explainer_model(scale, device))
-    top = widget_max_micro_batch(scale)
-    return {
-        "B=2": lambda: lab.show(2, 8, False),
-        f"B={top}": lambda: lab.show(top, 8, False),
-        "K=1": lambda: lab.show(4, 1, False),
-        f"K={WIDGET_MAX_STEPS}": lambda: lab.show(4, WIDGET_MAX_STEPS, False),
-        "checkpoint on": lambda: lab.show(4, 8, True),
-    }
-
-
 # ---------------------------------------------------------------------------
 # Exercise checkers: they return a message and never raise for a wrong answer
 # ---------------------------------------------------------------------------
-
-
-def check_exercise_1(s: object) -> str:
-    """Exercise 1: the sequence length at which 5as/h overtakes 34 for h = 64, a = 4 (16-bit)."""
-    value = answer_number(s)
-    exact = 34 * 64 / (5 * 4)  # 108.8
-    if value is None:
-        return f"Hint: answer with a number (a sequence length), got {s!r}."
-    if abs(value - exact) <= 1.5:
-        # The same break-even in fp32 with 4-byte CPU masks, from the per-term table itself.
-        terms = korthikanti_terms(s=1, b=1, h=1, a=1, act_bytes=4, mask_bytes=4)
-        by_size = {"sbh": 0.0, "as2b": 0.0}
-        for (_, _, size, _), value_bytes in zip(KORTHIKANTI, terms.values(), strict=True):
-            by_size[size] += value_bytes
-        linear, square = by_size["sbh"], by_size["as2b"]
-        return (f"Correct: 5as/h > 34 means s > 34h / (5a) = {exact:.1f}, so from s = 109 on the s^2 "
-                f"terms are the bigger part (in fp32 with 4-byte CPU masks: {square:g}as/h > {linear:g}, "
-                f"s > {linear * 64 / (square * 4):g}).")
-    return "Hint: set 5 * a * s / h equal to 34 and solve for s with h = 64, a = 4."
-
-
-def check_exercise_2(policy: object) -> str:
-    """Exercise 2: a selective policy that saves only the softmax output.
-
-    Runs a small block with the policy and compares what it keeps with "full"
-    (only the input) and "none" (everything): the policy should keep the input
-    plus one softmax output, a*s^2*b floats.
-    """
-    if not callable(policy):
-        return ("Hint: pass your policy function (ctx, op, *args, **kwargs) -> CheckpointPolicy, "
-                f"got {policy!r}.")
-    b, s, h, a = 2, 32, 16, 2
-    with torch.random.fork_rng(devices=[]):  # leaves the notebook's random stream alone
-        torch.default_generator.manual_seed(0)
-        block = GPTBlock(GPTConfig(seq_len=s, d_model=h, n_heads=a, dropout=0.0))
-        x = torch.randn(b, s, h, requires_grad=True)
-    context = functools.partial(create_selective_checkpoint_contexts, policy)
-    try:
-        kept = saved_activation_bytes(
-            lambda: checkpoint(block, x + 0, use_reentrant=False, context_fn=context))
-    except Exception as exc:  # noqa: BLE001 - a learner's policy may fail in any way
-        return f"Hint: running a block with your policy raised {type(exc).__name__}: {exc}"
-    full = saved_activation_bytes(lambda: checkpoint(block, x + 0, use_reentrant=False))
-    softmax = a * s * s * b * 4
-    if abs(kept - (full + softmax)) <= 0.02 * softmax:
-        return (f"Correct: it keeps {kept} B = the block input ({full} B) + one softmax output "
-                f"({softmax} B). In FLOPs it costs about as much as full checkpointing: every matmul "
-                "is recomputed.")
-    return (f"Hint: your policy keeps {kept} B; the input alone is {full} B and one softmax output "
-            f"{softmax} B. Return MUST_SAVE only for torch.ops.aten._softmax.default.")
-
-
-def exercise_3_measurement(n: int = 16, scale: str = "tiny") -> dict[str, tuple[float, int]]:
-    """Exercise 3 measured as section 4 measures: (a/b, best k by saved bytes) per chain kind.
-
-    Builds an `n`-layer "linear" and "linear-relu" chain at `chain_shape(scale)`, takes
-    a and b from `chain_layer_costs` and the best k from `segment_sweep` over the
-    divisors of `n`. Runs on the CPU in well under a second at "tiny".
-    """
-    width, batch = chain_shape(scale)
-    out = {}
-    with torch.random.fork_rng(devices=[]):  # leaves the notebook's random stream alone
-        torch.default_generator.manual_seed(0)
-        x = torch.randn(batch, width)
-        for kind in ("linear", EXERCISE_CHAIN):
-            chain = make_chain(n, width, kind)
-            a, b = chain_layer_costs(chain, x)
-            points = segment_sweep(chain, x, divisors(n))
-            best = min(points, key=lambda p: p.saved_bytes).segments
-            out[kind] = (a / b, best)
-    return out
-
-
-def check_exercise_3(a_over_b: object) -> str:
-    """Exercise 3: a/b of a Linear + ReLU layer, checked against the lesson's own measurement.
-
-    The truth is measured, as section 4 measures: `chain_layer_costs` on a
-    "linear-relu" chain (`exercise_3_measurement`). The ReLU keeps its output and the
-    next Linear keeps that same tensor as its input, one storage counted once, so a/b
-    is about 1, as for the plain Linear chain, and the best k does not move.
-    """
-    value = answer_number(a_over_b)
-    if value is None:
-        return f"Hint: answer with the ratio a/b as a number, got {a_over_b!r}."
-    measured = exercise_3_measurement()
-    ratio, best = measured[EXERCISE_CHAIN]
-    plain_ratio, plain_best = measured["linear"]
-    if abs(value - ratio) <= 0.1:
-        return (f"Correct: measured a/b = {ratio:.2f} (the Linear chain: {plain_ratio:.2f}). The ReLU keeps "
-                "its output, and that output is the next Linear's saved input: one storage, kept once. So "
-                f"the best k does not move: {best} segments for n = 16 with the ReLUs, {plain_best} without, "
-                f"sqrt(a·n/b) = {math.sqrt(ratio * 16):.1f}.")
-    if abs(value - 2 * ratio) <= 0.1:
-        return ("Hint: 2 counts one tensor twice. What the ReLU keeps (its output) is the tensor the next "
-                "Linear keeps (its input): autograd stores it once. Measure a with ckpt.chain_layer_costs.")
-    return ("Hint: count what backward needs: a Linear keeps its input, a ReLU its output. Which of them "
-            "are the same tensor? Measure a and b with ckpt.chain_layer_costs on the new chain.")
-
-
-def check_exercise_4(flops_factor: object, peak_factor: object) -> str:
-    """Exercise 4: doubling K at a fixed B multiplies extra FLOPs per update and the peak by what?"""
-    f, p = answer_number(flops_factor), answer_number(peak_factor)
-    if f is None or p is None:
-        return f"Hint: answer with two numbers, got {flops_factor!r}, {peak_factor!r}."
-    if abs(f - 2) <= 0.05 and abs(p - 1) <= 0.05:
-        return ("Correct: every micro-step recomputes its blocks once, so extra FLOPs per update double; "
-                "the peak holds one micro-batch's activations at a time, so it stays flat.")
-    if abs(f - 2) <= 0.05:
-        return ("Half right: the FLOPs double. Look at the peak again: how many micro-batches are "
-                "alive at once?")
-    return "Hint: the recompute happens once per micro-step. How many micro-steps does doubling K add?"

@@ -9,7 +9,7 @@ runs them.
 Most checks run on a small, fast GPT (`LAB_CONFIG`). The headline numbers
 (`LESSON_MODEL_CLAIMS`) run on the model of the lesson that shows them, at this device's
 scale: what checkpointing saves and costs (C09, C11) on lesson 02's GPT
-(`helpers.checkpointing.gpt_setup`), the explainer's table (C08, C25) on lesson 01's
+(`helpers.models.deep_gpt_setup`), the explainer's table (C08, C25) on lesson 01's
 (`helpers.models.explainer_model`). So the ledger and the lessons show one set of numbers.
 """
 
@@ -26,7 +26,15 @@ from helpers import checkpointing, costs, formulas, pitfalls, tokens
 from helpers.data import regression_batch, token_batch
 from helpers.device import lesson_scale
 from helpers.memory import micro_step_memory, new_live_bytes, record_timeline, saved_activation_bytes
-from helpers.models import GPT, GPTConfig, ResidualMLP, explainer_model, param_bytes, seeded_gpt
+from helpers.models import (
+    GPT,
+    GPTConfig,
+    ResidualMLP,
+    deep_gpt_setup,
+    explainer_model,
+    param_bytes,
+    seeded_gpt,
+)
 from helpers.phases import ConfigMemory, activation_sweep, measure_config
 from helpers.training import lm_loss
 from helpers.validate import choice
@@ -66,7 +74,7 @@ class Lab:
     def lesson_model(self, lesson: str) -> GPT:
         """The GPT lesson `lesson` ("01" or "02") measures at `self.scale`, seeded as the lesson seeds it.
 
-        "01": `explainer_model(scale)`; "02": `GPT(checkpointing.gpt_setup(scale)[0])`, the
+        "01": `explainer_model(scale)`; "02": `GPT(deep_gpt_setup(scale)[0])`, the
         model of lesson 02's sections 2-9 (8 blocks, dropout 0.1).
         """
         choice("lesson", lesson, LESSON_MODELS)
@@ -74,7 +82,7 @@ class Lab:
         def build() -> GPT:
             if lesson == "01":
                 return explainer_model(self.scale, self.device)
-            return seeded_gpt(checkpointing.gpt_setup(self.scale)[0], self.device)
+            return seeded_gpt(deep_gpt_setup(self.scale)[0], self.device)
 
         return self.once(f"lesson_model {lesson}", build)
 
@@ -245,7 +253,7 @@ def _c_combined(lab: Lab) -> Evidence:
 
 
 def _ckpt_saved(lab: Lab) -> tuple[int, int]:
-    idx, tgt = lab.lesson_tokens("02", checkpointing.gpt_setup(lab.scale)[1])  # lesson 02's micro-batch
+    idx, tgt = lab.lesson_tokens("02", deep_gpt_setup(lab.scale)[1])  # lesson 02's micro-batch
     model = lab.lesson_model("02")
     plain = saved_activation_bytes(lambda: lm_loss(model(idx), tgt))
     model.block_wrapper = checkpointing.make_block_wrapper("full")
@@ -279,7 +287,7 @@ def _c_ckpt_same_grads(lab: Lab) -> Evidence:
 
 
 def _c_ckpt_flops(lab: Lab) -> Evidence:
-    idx, tgt = lab.lesson_tokens("02", checkpointing.gpt_setup(lab.scale)[1])  # lesson 02's micro-batch
+    idx, tgt = lab.lesson_tokens("02", deep_gpt_setup(lab.scale)[1])  # lesson 02's micro-batch
     model = lab.lesson_model("02")
 
     def step() -> None:

@@ -31,25 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.device import SCALES
+from helpers.device import SCALES, by_scale
 from helpers.validate import choice, instance_arg, non_negative_int, number_in_range, positive_int
 
 __all__ = [
-    "NORMS",
-    "GPT",
-    "BlockWrapper",
-    "CausalSelfAttention",
-    "ConvNet",
-    "DropoutMLP",
-    "GPTBlock",
-    "GPTConfig",
-    "MLPBlock",
-    "ResidualMLP",
-    "device_of",
-    "explainer_config",
-    "explainer_model",
-    "param_bytes",
-    "seeded_gpt",
+    "GPT", "NORMS", "BlockWrapper", "CausalSelfAttention", "ConvNet", "DropoutMLP", "GPTBlock", "GPTConfig",
+    "MLPBlock", "ResidualMLP", "deep_gpt_setup", "device_of", "explainer_config", "explainer_model",
+    "param_bytes", "seeded_gpt",
 ]
 
 # What `model.block_wrapper` holds: called as wrapper(block, x) in place of block(x).
@@ -338,3 +326,15 @@ def seeded_gpt(cfg: GPTConfig, device: torch.device | str, seed: int = 0) -> GPT
 def explainer_model(scale: str, device: torch.device | str, seed: int = 0) -> GPT:
     """A freshly initialised `explainer_config(scale)` GPT on `device`, in train mode (`seeded_gpt`)."""
     return seeded_gpt(explainer_config(scale), device, seed)
+
+
+def deep_gpt_setup(scale: str) -> tuple[GPTConfig, int]:
+    """(config, micro-batch) of the GPT that sections 2-9 checkpoint."""
+    cfg = by_scale(
+        scale,
+        tiny=GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=8, dropout=0.1),
+        small=GPTConfig(vocab_size=128, seq_len=64, d_model=64, n_heads=4, n_layers=8, dropout=0.1),
+        medium=GPTConfig(vocab_size=8192, seq_len=1024, d_model=512, n_heads=8, n_layers=8, dropout=0.1),
+        full=GPTConfig(vocab_size=8192, seq_len=1024, d_model=1024, n_heads=16, n_layers=12, dropout=0.1),
+    )
+    return cfg, by_scale(scale, tiny=4, small=8, medium=4, full=4)

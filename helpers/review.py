@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from helpers import accumulation as acc
-from helpers import checkpointing
 from helpers.claims import CLAIMS, LAB_CONFIG, Claim, Evidence, Lab
 from helpers.device import lesson_scale, memory_method, pick_device
 from helpers.formulas import predicted_update_peak_bytes
+from helpers.lessons import lesson02
 from helpers.models import GPT, explainer_config
 from helpers.planner import RULE_COROLLARY, decision_rule
 from helpers.training import lm_loss
@@ -415,7 +415,7 @@ def predicted_peak_bytes(scale: str) -> int:
     n_params = sum(p.numel() for p in GPT(LAB_CONFIG).parameters())
     per_example = 4 * LAB_CONFIG.seq_len * LAB_CONFIG.d_model * LAB_CONFIG.n_layers * 40  # generous
     return max(16 * n_params + 8 * per_example, predicted_update_peak_bytes(explainer_config(scale), 8),
-               checkpointing.predicted_peak_bytes(scale))
+               lesson02.predicted_peak_bytes(scale))
 
 
 def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:

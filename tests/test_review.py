@@ -137,8 +137,8 @@ def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
 
 def test_headline_claims_run_on_the_lessons_own_models() -> None:
     """The ledger reports the lessons' numbers: C09/C11 on lesson 02's GPT, C08/C25 on 01's (issue 21)."""
-    from helpers.checkpointing import gpt_setup
     from helpers.claims import LESSON_MODEL_CLAIMS
+    from helpers.models import deep_gpt_setup as gpt_setup
     from helpers.models import explainer_config
 
     lab = review.Lab(torch.device("cpu"), scale="tiny")

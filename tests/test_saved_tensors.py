@@ -11,9 +11,9 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from helpers import formulas
 from helpers import saved_tensors as st
-from helpers.checkpointing import selective_shape
 from helpers.data import token_batch
 from helpers.device import seed_everything
+from helpers.lessons.lesson02 import selective_shape
 from helpers.memory import saved_activation_bytes
 from helpers.models import GPTBlock, GPTConfig, explainer_model
 from helpers.saved_tensors import origin_group, saved_tensor_bytes

@@ -26,8 +26,11 @@ CLASS_FLOOR_GB = {scale: floor for floor, scale in GPU_SCALE_CLASSES if floor > 
 
 
 def _protocol_modules() -> list[ModuleType]:
-    names = sorted(m.name for m in pkgutil.iter_modules(helpers.__path__) if not m.name.startswith("_"))
-    modules = [importlib.import_module(f"helpers.{name}") for name in names]
+    import helpers.lessons
+
+    names = sorted(f"{pkg.__name__}.{m.name}" for pkg in (helpers, helpers.lessons)
+                   for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_") and not m.ispkg)
+    modules = [importlib.import_module(name) for name in names]
     return [m for m in modules if callable(getattr(m, "predicted_peak_bytes", None))]
 
 
