@@ -9,15 +9,17 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
-from helpers.data import token_batch
+from helpers import formulas
+from helpers.data import image_batch, regression_batch, token_batch
 from helpers.formulas import (
     activation_bytes_per_example,
     held_logits_bytes_per_example,
     linear_fit,
     predicted_update_peak_bytes,
 )
-from helpers.models import GPT, GPTConfig, explainer_config, explainer_model, seeded_gpt
+from helpers.models import GPT, ConvNet, GPTConfig, ResidualMLP, explainer_config, explainer_model, seeded_gpt
 from helpers.phases import ConfigMemory, activation_sweep, measure_update
 from helpers.training import lm_loss
 
@@ -191,3 +193,18 @@ def test_linear_fit_is_exact_on_a_large_floor_and_on_small_values() -> None:
     fit = linear_fit(small_x, small_y)
     assert 0.3 < r2 < 0.9
     assert fit.slope == pytest.approx(slope, rel=1e-12) and fit.r2 == pytest.approx(r2, rel=1e-12)
+
+
+def test_activation_formulas_match_measurement() -> None:
+    from helpers.memory import saved_activation_bytes
+
+    model = ConvNet(3, 16, 3, 10, norm="batch")
+    x, y = image_batch(8, size=8)
+    act = saved_activation_bytes(lambda: F.cross_entropy(model(x), y))
+    pred = formulas.convnet_activation_bytes(8, width=16, depth=3, size=8)
+    assert act <= pred <= 1.1 * act, (act, pred)
+    mlp = ResidualMLP(32, 64, 2, 1)
+    x, y = regression_batch(16, 32, 1)
+    act = saved_activation_bytes(lambda: F.mse_loss(mlp(x), y))
+    pred = formulas.mlp_activation_bytes(16, d_in=32, width=64, depth=2)
+    assert act <= pred <= 1.1 * act, (act, pred)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from helpers import formulas, pitfalls
 from helpers.accumulation import accumulated_grad, compare_grads, full_batch_grad
 from helpers.data import image_batch, regression_batch
+from helpers.lessons import lesson04
 from helpers.models import ConvNet, DropoutMLP, ResidualMLP
 
 matplotlib.use("Agg")
@@ -87,7 +88,7 @@ def test_dropout_masks_are_the_only_cause() -> None:
         lambda: pitfalls.norm_error_curve("batch", batch=8, mode="eval", **TINY),
         lambda: pitfalls.dropout_grads(4, shared_masks=False, batch=8),
         lambda: pitfalls.dropout_grads(4, shared_masks=True, batch=8),
-        lambda: pitfalls.bn_error_by_steps(2, 2, "batch", **TINY),
+        lambda: lesson04.bn_error_by_steps(2, 2, "batch", **TINY),
     ],
 )
 def test_helpers_leave_the_global_rng_alone(call) -> None:
@@ -210,58 +211,6 @@ def test_first_update_at_zero_counts_from_one() -> None:
 
 
 # -- widgets, sizes, protocol and checkers --------------------------------------------
-def test_bn_error_by_steps_and_widgets(capsys) -> None:
-    errors = pitfalls.bn_error_by_steps(4, 4, "batch")
-    assert set(errors) == {1, 2, 4, 8} and errors[1] < 1e-5 and errors[4] > 0.01
-    assert max(pitfalls.bn_error_by_steps(2, 3, "group").values()) < 1e-4
-    pitfalls.show_bn_error(2, 4, "batch")
-    assert "effective batch B x K = 8" in capsys.readouterr().out
-    pitfalls.show_schedule(4)
-    assert "effective batch B x K = 32" in capsys.readouterr().out
-
-
-def test_activation_formulas_match_measurement() -> None:
-    from helpers.memory import saved_activation_bytes
-
-    model = ConvNet(3, 16, 3, 10, norm="batch")
-    x, y = image_batch(8, size=8)
-    act = saved_activation_bytes(lambda: F.cross_entropy(model(x), y))
-    pred = formulas.convnet_activation_bytes(8, width=16, depth=3, size=8)
-    assert act <= pred <= 1.1 * act, (act, pred)
-    mlp = ResidualMLP(32, 64, 2, 1)
-    x, y = regression_batch(16, 32, 1)
-    act = saved_activation_bytes(lambda: F.mse_loss(mlp(x), y))
-    pred = formulas.mlp_activation_bytes(16, d_in=32, width=64, depth=2)
-    assert act <= pred <= 1.1 * act, (act, pred)
-
-
-@pytest.mark.parametrize("scale", ["tiny", "small", "medium", "full"])
-def test_predicted_peak_fits_the_scale(scale: str) -> None:
-    peak = pitfalls.predicted_peak_bytes(scale)
-    assert 0 < peak <= {"tiny": 1e9, "small": 1e9, "medium": 0.7 * 12e9, "full": 0.7 * 40e9}[scale]
-
-
-def test_widget_latency_cases_run(capsys) -> None:
-    cases = pitfalls.widget_latency_cases("tiny", torch.device("cpu"))
-    assert {"B=1", "norm group", "schedule K=16"} <= set(cases)
-    for fn in cases.values():
-        fn()
-    assert "effective batch" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize(
-    ("check", "right", "wrong"),
-    [
-        (pitfalls.check_exercise_1, ("running_mean",), ("running_var",)),
-        (pitfalls.check_exercise_2, (4,), (8,)),
-        (pitfalls.check_exercise_3, (True,), (False,)),
-        (pitfalls.check_exercise_4, (True, 2.0**23), (False, 2.0**24)),
-    ],
-)
-def test_exercise_checkers(check, right, wrong, capsys) -> None:
-    assert check(*right).startswith("Correct")
-    assert check(*wrong).startswith("Not yet")
-    assert check(*[None] * len(right)).startswith("Not yet")  # never raises on odd input
 
 
 # -- bad arguments -------------------------------------------------------------------
@@ -298,8 +247,8 @@ def test_exercise_checkers(check, right, wrong, capsys) -> None:
                                      *regression_batch(4, 8), 2, init_scale=-1.0), "init_scale"),
         (lambda: pitfalls.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
                                      *regression_batch(4, 8), 2, loss_weight=0.0), "loss_weight"),
-        (lambda: pitfalls.bn_error_by_steps(0, 4), "micro_batch must be"),
-        (lambda: pitfalls.lesson_sizes("huge"), "scale='huge'"),
+        (lambda: lesson04.bn_error_by_steps(0, 4), "micro_batch must be"),
+        (lambda: lesson04.lesson_sizes("huge"), "scale='huge'"),
         (lambda: formulas.convnet_activation_bytes(0, width=4, depth=1, size=4), "batch must be"),
         (lambda: pitfalls.dropout_grads(2, shared_masks=True, batch=4, seed=-1), "seed must be"),
     ],

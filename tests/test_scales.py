@@ -15,7 +15,6 @@ from types import ModuleType
 
 import pytest
 
-import helpers
 from helpers.device import GB, GPU_SCALE_CLASSES, SCALES
 
 # How many helpers modules must implement the protocol. The coordinator raises this as lesson
