@@ -1,5 +1,5 @@
 """Shared test fixtures: a fixed seed for every test, a deadline for distributed tests, the cuda skip,
-the CUDA allocator's block size."""
+the CUDA allocator's block size, worker pools (real and fake) and an optimizer-state count."""
 
 from __future__ import annotations
 
@@ -65,6 +65,41 @@ def optimizer_state_bytes() -> Callable[[torch.nn.Module, str], int]:
         return total
 
     return count
+
+
+class FakePool:
+    """Stands in for a `helpers.launcher.WorkerPool`: records the call and returns canned per-rank results."""
+
+    def __init__(self, world_size: int, results: list) -> None:
+        self.world_size, self.results, self.calls = world_size, results, []
+
+    def run(self, fn: object, *args: object, timeout_s: float) -> list:
+        self.calls.append((fn, args, timeout_s))
+        return self.results
+
+
+@pytest.fixture
+def fake_pool() -> type[FakePool]:
+    """The `FakePool` class: `fake_pool(world_size, results)` makes one."""
+    return FakePool
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[object]:
+    """Two real worker processes (gloo on CPU), shared by a test module's distributed tests."""
+    from helpers.launcher import WorkerPool
+
+    with WorkerPool(2, timeout_s=180) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def pool4() -> Iterator[object]:
+    """Four real worker processes, for the FSDP tests that shard over W = 4."""
+    from helpers.launcher import WorkerPool
+
+    with WorkerPool(4, timeout_s=180) as p:
+        yield p
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
