@@ -77,33 +77,6 @@ def test_claims_are_distinct_and_cite_a_lesson_that_exists() -> None:
         assert "§" in c.lesson, (c.id, c.lesson)
 
 
-def test_followups_use_the_ledgers_numbers() -> None:
-    rows = [review.Row(c, True, float(i + 1), "u", "", 0.0) for i, c in enumerate(review.CLAIMS)]
-    ledger = review.Ledger(rows, [], "cpu", torch.__version__, "small", "cpu-tracker")
-    answers = review.followup_answers(ledger)
-    assert len(answers) == 3
-    c13 = ledger.row("C13").value
-    assert f"{c13:.1e}" in answers["Is accumulation exactly a bigger batch?"]
-    c11 = ledger.row("C11").value
-    assert f"{c11:.2f} of one forward of the checkpointed blocks" in answers["Can the two be combined?"]
-    assert f"{c11:.2f} of one here" in review.interview_answer(ledger)
-
-
-def test_which_one_first_quotes_the_planners_rule() -> None:
-    """Lesson 08's answer and lesson 06's planner state one rule (issue 21), from one home."""
-    from helpers import planner
-
-    rows = [review.Row(c, True, float(i + 1), "u", "", 0.0) for i, c in enumerate(review.CLAIMS)]
-    ledger = review.Ledger(rows, [], "cpu", torch.__version__, "small", "cpu-tracker")
-    answer = review.followup_answers(ledger)["Which one first?"]
-    for i, step in enumerate(planner.DECISION_RULE, 1):
-        assert f"{i}. {step}" in answer
-    assert answer.endswith(planner.RULE_COROLLARY)
-    assert "If activations dominate, checkpoint" not in answer
-    for claim in ("C05", "C06", "C11", "C24", "C26"):
-        assert f"{claim})" in answer
-
-
 def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
     """C11 checks the claim itself (extra FLOPs within one forward of the blocks), not a step ratio.
 
@@ -155,27 +128,6 @@ def test_headline_claims_run_on_the_lessons_own_models() -> None:
         assert f"lesson {LESSON_MODEL_CLAIMS[r.claim.id]}'s model" in r.detail, r.detail
 
 
-def test_quiz_answers() -> None:
-    assert 6 <= len(review.QUIZ) <= 10
-    for q in review.QUIZ:
-        assert 0 <= q.answer < len(q.options)
-        right = review.check_answer(q.id, q.answer)
-        assert right.correct and right.message.startswith("Correct") and f"lesson {q.lesson}" in right.message
-        wrong = review.check_answer(q.id, (q.answer + 1) % len(q.options))
-        assert not wrong.correct and q.options[q.answer] in wrong.message
-    with pytest.raises(ValueError, match="question_id"):
-        review.check_answer("Q99", 0)
-    with pytest.raises(ValueError, match="option index"):
-        review.check_answer("Q1", 7)
-    with pytest.raises(ValueError, match="option index"):
-        review.check_answer("Q1", True)
-
-
-def test_quiz_widget_builds() -> None:
-    box = review.quiz_widget()
-    assert len(box.children) == len(review.QUIZ)
-
-
 def _headings(notebook: Path) -> list[str]:
     import json
 
@@ -192,15 +144,6 @@ def test_each_claim_cites_a_section_that_exists() -> None:
         (notebook,) = (ROOT / "notebooks").glob(f"{number}_*.ipynb")
         pattern = re.compile(rf"^## {section}\s*[.·]")
         assert any(pattern.match(h) for h in _headings(notebook)), (c.id, c.lesson, notebook.name)
-
-
-def test_explore_widget_prints_the_effective_batch_and_checks(capsys: pytest.CaptureFixture[str]) -> None:
-    lab = review.Lab(torch.device("cpu"))
-    scaled, raw = review.accumulation_check(2, 3, lab)
-    assert scaled.max_rel <= 1e-4 and raw.norm_ratio == pytest.approx(3.0, rel=1e-3)
-    assert review.explore_accumulation(2, 3, lab) is None
-    out = capsys.readouterr().out
-    assert "effective batch B x K = 2 x 3 = 6" in out and "3.000 = K" in out
 
 
 def test_readme_key_figures_come_from_the_ledger() -> None:

@@ -86,7 +86,8 @@ def test_widget_latency_cases_move_one_slider_each(monkeypatch: pytest.MonkeyPat
     started, shown = [], []
     monkeypatch.setattr(lesson07, "max_workers", lambda: 4)
     monkeypatch.setattr(lesson07, "shared_pool", started.append)
-    monkeypatch.setattr(lesson07, "show_data_parallel", lambda b, k, w, *, width: shown.append((b, k, w, width)))
+    monkeypatch.setattr(lesson07, "show_data_parallel",
+                        lambda b, k, w, *, width: shown.append((b, k, w, width)))
     cases = lesson07.widget_latency_cases("tiny", torch.device("cpu"))
     assert started == [4]
     for case in cases.values():
