@@ -1,8 +1,10 @@
 """Find and time every lesson's widgets: the latency harness of `make bench` and tests/test_widgets.py.
 
-It lives in scripts/, not in the `helpers` package: learners never need it.
+It lives in scripts/, not in the `helpers` package: learners never need it. The times are
+benchmark figures (`make bench` prints them against the 1 s target); the test only checks that
+every move answers, with a limit that only a hang passes.
 
-A lesson helper module that backs widgets defines
+A lesson module (helpers/lessons/lessonNN.py) defines
 `widget_latency_cases(scale, device) -> {name: zero-argument callable}`; each
 callable does the work of one slider move (compute, draw, close the figure).
 `discover_widget_cases()` finds those modules, `time_case()` times one move
@@ -26,7 +28,7 @@ import torch
 from helpers.device import SCALES, synchronize
 
 PROTOCOL = "widget_latency_cases"
-LIMIT_S = 1.0  # the most one slider move may take at the `small` scale (idle 2-core CPU)
+LIMIT_S = 1.0  # the target for one slider move at the `small` scale (idle 2-core CPU): a figure, not a test
 
 CaseBuilder = Callable[[str, torch.device], dict[str, Callable[[], object]]]
 
@@ -46,10 +48,10 @@ class CaseTiming:
         return f"{self.module}:{self.case}"
 
 
-def discover_widget_cases(package: str = "helpers") -> dict[str, CaseBuilder]:
+def discover_widget_cases(package: str = "helpers.lessons") -> dict[str, CaseBuilder]:
     """Map each module of `package` that defines `widget_latency_cases` to that function.
 
-    Keys are the short module names (e.g. "budget"), sorted. Only modules whose
+    Keys are the short module names (e.g. "lesson01"), sorted. Only modules whose
     source mentions the protocol are imported, so discovery stays cheap.
     """
     if not isinstance(package, str) or not package:
@@ -104,18 +106,20 @@ def _one_call(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def time_case(fn: Callable[[], object], device: torch.device, *, retries: int = 1,
-              limit_s: float = LIMIT_S) -> float:
+              limit_s: float = LIMIT_S, warmup: bool = True) -> float:
     """Seconds of one slider move: call `fn` once to warm up, then time a second call.
 
     On a shared machine one slow call can be noise, so a call over `limit_s` is
     timed again, up to `retries` more times, and the fastest is returned.
+    `warmup=False` times the first call (the hang guard: one call per move is enough).
     Figures left open are closed after each call; print and display output is swallowed.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         raise ValueError(f"retries must be an int >= 0, got {retries!r}")
-    _one_call(fn, device)
+    if warmup:
+        _one_call(fn, device)
     best = _one_call(fn, device)
     for _ in range(retries):
         if best <= limit_s:
@@ -124,7 +128,7 @@ def time_case(fn: Callable[[], object], device: torch.device, *, retries: int = 
     return best
 
 
-def time_all_cases(scale: str, device: torch.device, package: str = "helpers", *, retries: int = 0,
+def time_all_cases(scale: str, device: torch.device, package: str = "helpers.lessons", *, retries: int = 0,
                    progress: Callable[[str], object] | None = None) -> list[CaseTiming]:
     """Time every case of every discovered module; a case or module that raises is recorded, not raised.
 
