@@ -60,8 +60,6 @@ def test_every_scale_has_its_own_sizes() -> None:
         assert cfg.dropout == 0.0 and len(sizes.micro_batches) >= 5
         assert isinstance(predicted_peak_bytes(scale), int)
     assert explainer_config("medium") != explainer_config("small")
-    assert predicted_peak_bytes("medium") <= 0.7 * 12e9
-    assert predicted_peak_bytes("full") <= 0.7 * 40e9
     with pytest.raises(ValueError, match="scale='huge'"):
         lesson_sizes("huge")
 

@@ -27,15 +27,6 @@ def test_exercise_checkers() -> None:
     assert not lesson07.check_exercise_3(True).startswith("Correct")
 
 
-def test_predicted_peak_fits_the_scale_budgets() -> None:
-    assert lesson07.predicted_peak_bytes("medium") <= 0.7 * 12e9
-    assert lesson07.predicted_peak_bytes("full") <= 0.7 * 40e9
-    peak = lesson07.predicted_peak_bytes
-    assert peak("tiny") < peak("small") < peak("full")
-    with pytest.raises(ValueError, match="scale"):
-        lesson07.predicted_peak_bytes("huge")
-
-
 @pytest.mark.parametrize("width", [3, 64])
 def test_mlp_param_formula_matches_torchs_count(width: int) -> None:
     assert lesson07._mlp_params(width) == _param_count(D.lesson_model(width))

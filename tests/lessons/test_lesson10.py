@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import compiled, frameworks, tradeoffs
-from helpers.device import GB, SCALES
+from helpers.device import SCALES
 from helpers.lessons import lesson10 as lab
 from helpers.memory import measure_step
 from helpers.models import seeded_gpt
@@ -21,16 +21,10 @@ needs_accelerate = pytest.mark.skipif(bool(frameworks.missing("accelerate")) and
                                       reason="needs the frameworks extra (accelerate)")
 
 
-def test_sizes_exist_at_every_scale_and_fit_their_gpu_class() -> None:
+def test_sizes_exist_at_every_scale() -> None:  # their fit to each scale: tests/test_scales.py
     for scale in SCALES:
         s = lab.lesson_sizes(scale)
         assert s.micro_batch <= s.widget_b and s.k <= s.widget_k and s.ce_chunk < s.ce_tokens
-        peak = lab.predicted_peak_bytes(scale)
-        assert isinstance(peak, int) and peak > 0
-    assert lab.predicted_peak_bytes("medium") <= 0.7 * 12 * GB
-    assert lab.predicted_peak_bytes("full") <= 0.7 * 40 * GB
-    with pytest.raises(ValueError, match="scale"):
-        lab.lesson_sizes("huge")
 
 
 @pytest.mark.parametrize("scale", ["tiny", "small"])
