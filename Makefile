@@ -1,15 +1,27 @@
-# ckpt-vs-accum: `make lab` to learn, `make test` to check everything.
+# ckpt-vs-accum: `make lab` to learn, `make test` to check everything, `make check` while you work.
 VENV    ?= .venv
 PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 # Machines without an NVIDIA GPU pin the CPU torch wheel (constraints/cpu.txt); GPU machines
 # keep the CUDA build that pip picks for torch>=2.5. Override with CONSTRAINTS= or your own file.
 CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
-# JupyterLab is the `lab` extra (Colab does not need it); tests/test_lab.py checks it serves the lessons.
-# `frameworks` (Transformers, Accelerate, Lightning) lets lesson 10 run every section; CI=true needs it.
-EXTRAS  ?= dev,lab,frameworks
+# `test` runs the tests (pytest, xdist, nbval, nbclient, ruff, Playwright, JupyterLab); `lab` is
+# JupyterLab alone (Colab does not need it); `frameworks` (Transformers, Accelerate, Lightning) lets
+# lesson 10 run every section (CI=true needs it). `dev` is an alias of `test`.
+EXTRAS  ?= test,lab,frameworks
 NBVAL   := --nbval-lax --nbval-current-env --nbval-cell-timeout=600
-HEADLESS := MPLBACKEND=Agg
+# Tests run headless, in JOBS pytest processes (pytest-xdist), each with one intra-op torch
+# thread: on a 2-core machine two one-thread processes beat one two-thread process, and a
+# shared machine does not stall in torch's spinning thread pool. Notebooks go to the workers
+# whole (--dist loadfile: one kernel per notebook, its cells in order). JOBS=0 runs serially.
+JOBS    ?= 2
+XDIST   := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
+HEADLESS := MPLBACKEND=Agg OMP_NUM_THREADS=1
+PYTEST  := $(HEADLESS) $(VENV)/bin/pytest -q -p no:cacheprovider
+# Lesson 07's worker pools fork the imported torch in the unit tests and the tiny notebooks (seconds
+# saved per pool); learners, and the notebooks at the CPU scale, get spawned ones.
+FORK    := LESSONS_POOL_START=fork
+TINY    := LESSONS_SCALE=tiny $(FORK)
 # Jupyter refuses to start as root (containers, Colab-like VMs) unless told it is fine.
 LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 # test-matrix: the oldest torch the package declares (pyproject.toml) and the newest on PyPI.
@@ -18,8 +30,8 @@ MATRIX  ?= .matrix
 # gpu-kit: the CPython version of the GPU machine the wheels are for (3.11 for a dry run here).
 KIT_PY  ?= 3.12
 
-.PHONY: setup lab test lint unit notebooks bench gpu gpu-kit test-matrix test-matrix-floor \
-	test-matrix-newest env-check mutate clean
+.PHONY: setup lab check test lint unit notebooks notebooks-tiny browser colab bench gpu gpu-kit \
+	test-matrix test-matrix-floor test-matrix-newest env-check mutate clean
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,15 +39,37 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	touch $@
 
-setup: $(VENV)/.installed  ## create .venv and install the package with its dev tools and JupyterLab
+setup: $(VENV)/.installed  ## create .venv and install the package with its test tools and JupyterLab
 
 lab: setup  ## open JupyterLab on the lessons
 	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/
 
-test: setup  ## ruff, unit tests (with the Colab simulation), then every notebook under nbval
+# The two tiers. Every test is in exactly one of: the unit tier (-m 'not browser and not slow'),
+# `browser` or `slow` (tests/conftest.py refuses a test marked both); `test` runs all three. Its last
+# session runs the browser test beside the slow ones (the Colab venv's install waits on the disk,
+# the browser on the CPU), one per xdist worker.
+check: lint unit notebooks-tiny  ## everyday (about a minute): ruff, unit tests, every notebook at tiny
+
+test: lint unit notebooks  ## everything, as CI runs it: check + notebooks at CPU scale, browser, Colab, widgets
+	$(PYTEST) $(XDIST) -m 'browser or slow' tests
+
+lint: setup  ## ruff over the code and the notebooks
 	$(VENV)/bin/ruff check .
-	$(HEADLESS) $(VENV)/bin/pytest -q tests
-	$(HEADLESS) LESSONS_STRICT=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(NBVAL) notebooks/
+
+unit: setup  ## the unit tests that need no browser and no fresh environment
+	$(FORK) $(PYTEST) $(XDIST) -m 'not browser and not slow' tests
+
+notebooks: setup  ## every notebook under nbval at the CPU scale, where the claims are checked
+	$(HEADLESS) LESSONS_STRICT=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(XDIST) $(NBVAL) notebooks/
+
+notebooks-tiny: setup  ## every notebook under nbval at the tiny scale (lesson 07's workers forked)
+	$(HEADLESS) $(TINY) LESSONS_STRICT=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(XDIST) $(NBVAL) notebooks/
+
+browser: setup  ## every lesson in JupyterLab + headless Chromium, at tiny: rendering, controls, sliders
+	$(PYTEST) -m browser tests
+
+colab: setup  ## the Colab simulation: a fresh Colab-like venv installs the helpers, lesson 01 runs
+	$(PYTEST) tests/test_colab.py
 
 env-check: setup  ## one pass/fail line per requirement (python -m helpers.env_check)
 	$(PY) -m helpers.env_check
@@ -51,10 +85,10 @@ define matrix_run
 	rm -rf $(MATRIX)/$(1)
 	$(PYTHON) -m venv $(MATRIX)/$(1)
 	$(3) $(MATRIX)/$(1)/bin/python -m pip install -q --upgrade pip
-	$(3) $(MATRIX)/$(1)/bin/python -m pip install -q '$(2)' -e '.[dev,lab]'
+	$(3) $(MATRIX)/$(1)/bin/python -m pip install -q '$(2)' -e '.[test,lab,frameworks]'
 	$(MATRIX)/$(1)/bin/python -c "import torch; print('== $(1): torch', torch.__version__)"
-	$(HEADLESS) $(MATRIX)/$(1)/bin/python -m pytest -q -p no:cacheprovider -m 'not slow and not browser' tests
-	$(HEADLESS) LESSONS_STRICT=1 $(MATRIX)/$(1)/bin/python -m pytest -q -p no:cacheprovider $(NBVAL) notebooks/
+	$(HEADLESS) $(MATRIX)/$(1)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) -m 'not slow and not browser' tests
+	$(HEADLESS) LESSONS_STRICT=1 $(MATRIX)/$(1)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) $(NBVAL) notebooks/
 endef
 
 test-matrix: test-matrix-floor test-matrix-newest  ## unit tests + notebooks on the oldest and newest torch (GBs)

@@ -1,5 +1,6 @@
 """Shared test fixtures: a fixed seed for every test, a deadline for distributed tests, the cuda skip,
-the CUDA allocator's block size, worker pools (real and fake) and an optimizer-state count."""
+the tiers' marker rule, the CUDA allocator's block size, worker pools (real and fake) and an
+optimizer-state count."""
 
 from __future__ import annotations
 
@@ -102,7 +103,13 @@ def pool4() -> Iterator[object]:
         yield p
 
 
+TIERS = ("browser", "slow")  # the Makefile's tiers: unit (neither), `make test` adds browser and slow
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    both = [item.nodeid for item in items if all(tier in item.keywords for tier in TIERS)]
+    if both:  # `make test` runs -m browser and -m slow apart: such a test would run twice
+        raise pytest.UsageError(f"a test is either browser or slow, not both: {both[:3]}")
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

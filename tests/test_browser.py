@@ -3,9 +3,10 @@
 For each notebook in notebooks/ (run against copies in a temporary folder, so that
 autosave never touches the repository): a fresh kernel, Run All from the Run menu, no
 error output, a micro-batch size (B) and an accumulation steps (K) control, and every
-slider moved with the keyboard redraws its widget's output. A screenshot per lesson goes
-to browser-shots/ (git-ignored; BROWSER_SHOTS_DIR overrides), with the timings in
-browser-shots/timings.json.
+slider moved with the keyboard redraws its widget's output. The lessons run at the `tiny` scale
+(LESSONS_SCALE overrides): this test checks the frontend; nbval checks the claims at the CPU
+scale. A screenshot per lesson goes to browser-shots/ (git-ignored; BROWSER_SHOTS_DIR
+overrides), with the timings in browser-shots/timings.json.
 
 Needs Debian's Chromium (`apt-get install chromium`, /usr/bin/chromium; CHROMIUM_PATH
 overrides) and Playwright for Python (the `dev` extra); Playwright's own browser download
@@ -151,6 +152,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     port, token = _free_port(), uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k not in ("LESSONS_STRICT", "MPLBACKEND")}
     env.setdefault("LESSONS_DEVICE", "cpu")
+    # This test checks the frontend (rendering, controls, every slider answering), not the claims,
+    # which nbval checks at the CPU scale: so the lessons run at `tiny` unless LESSONS_SCALE says otherwise.
+    env.setdefault("LESSONS_SCALE", "tiny")
     env.update(
         PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
         JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),

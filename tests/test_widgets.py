@@ -44,6 +44,7 @@ def test_every_lesson_module_provides_widget_cases() -> None:
     assert found == LESSONS, f"lesson modules without {widgets.PROTOCOL}: {missing}; found in others: {extra}"
 
 
+@pytest.mark.slow  # about a minute at `small`: `make test`; the lessons' own tests move every slider at tiny
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_every_widget_move_answers_without_hanging(lesson: str) -> None:
     seed_everything(0)
