@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import tomllib
@@ -70,15 +71,37 @@ def _names(reqs: list[str]) -> dict[str, str]:
     return {re.split(r"[<>=!~ ]", r, maxsplit=1)[0].lower(): r.replace(" ", "") for r in reqs}
 
 
+def _extra(name: str, project: dict) -> list[str]:
+    """The requirements of one extra, with the package's own extras (`ckpt-vs-accum[lab]`) expanded."""
+    reqs = []
+    for req in project["optional-dependencies"][name]:
+        own = re.fullmatch(re.escape(project["name"]) + r"\[([\w,]+)\]", req)
+        reqs += [r for sub in own.group(1).split(",") for r in _extra(sub, project)] if own else [req]
+    return reqs
+
+
+EXTRAS = ("test", "lab", "frameworks")  # what `make setup`, environment.yml and the matrix install
+
+
 def test_environment_yml_matches_pyproject() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extras = project["optional-dependencies"]
-    wanted = _names(project["dependencies"] + extras["dev"] + extras["lab"])
+    wanted = _names(project["dependencies"] + [r for e in EXTRAS for r in _extra(e, project)])
     env = (ROOT / "environment.yml").read_text()
     pip_section = env.split("- pip:", 1)[1]
     listed = _names(re.findall(r"^\s+- ([A-Za-z][^\s#]*)\s*$", pip_section, re.M))
     assert listed == wanted
-    assert "- -e .[dev,lab]" in env
+    assert f"- -e .[{','.join(EXTRAS)}]" in env
+
+
+def test_the_test_extra_alone_runs_the_tests() -> None:
+    """`pip install -e '.[test]'` brings every tool the tiers call (nbclient: the widget and Colab tests)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    test = _names(_extra("test", project))
+    assert {"pytest", "pytest-xdist", "nbval", "nbclient", "ruff", "playwright", "jupyterlab"} <= set(test)
+    assert set(_names(_extra("dev", project))) >= set(test), "dev includes the test extra"
+    makefile = (ROOT / "Makefile").read_text()
+    for extras in re.findall(r"-e '\.\[([\w,]+)\]'", makefile):
+        assert {"test", "dev"} & set(extras.split(",")), f"an install without the tests: {extras}"
 
 
 def test_runtime_keeps_colabs_stack() -> None:
@@ -90,7 +113,7 @@ def test_runtime_keeps_colabs_stack() -> None:
     assert "jupyterlab" in _names(project["optional-dependencies"]["lab"])
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"pip install -q \$\(CONSTRAINTS\) -e '\.\[\$\(EXTRAS\)\]'", makefile)
-    assert re.search(r"^EXTRAS\s*\?=\s*dev,lab,frameworks$", makefile, re.M)  # frameworks: lesson 10
+    assert re.search(rf"^EXTRAS\s*\?=\s*{','.join(EXTRAS)}$", makefile, re.M)  # frameworks: lesson 10
 
 
 REPO_URL = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
@@ -129,9 +152,180 @@ def test_torch_is_a_range_and_ci_pins_the_cpu_wheel() -> None:
     assert re.search(r"^torch==\d", (ROOT / "constraints" / "cpu.txt").read_text(), re.M)
 
 
+# --- the lesson map: derived from the notebooks' own imports, checked against the README ---------------
+
+HELPERS = ROOT / "helpers"
+LESSON_FILES = sorted((HELPERS / "lessons").glob("lesson[0-9][0-9].py"))
+LESSON_NAME = re.compile(r"lesson(\d\d)")
+
+
+def _parseable(cell: str) -> str:
+    """A code cell as Python: a `%%writefile` cell is its file's body; line magics and shell lines go."""
+    if cell.lstrip().startswith("%%writefile"):
+        return cell.lstrip().split("\n", 1)[1] if "\n" in cell.lstrip() else ""
+    return "\n".join(re.sub(r"^(\s*)[%!].*$", r"\1pass", line) for line in cell.splitlines())
+
+
+def _imported(tree: ast.AST, package: str = "helpers") -> set[str]:
+    """Dotted names of every module under `package` that `tree` imports (at any depth, lazily too).
+
+    `from helpers import plots, planner` names helpers.plots and helpers.planner when those are
+    modules; `from helpers.lessons import lesson03` names helpers.lessons.lesson03.
+    """
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == package}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] == package:
+            found.add(node.module)
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                where = ROOT / sub.replace(".", "/")
+                if where.with_suffix(".py").is_file() or where.is_dir():
+                    found.add(sub)
+    return found
+
+
+def _notebook_modules(path: Path) -> set[str]:
+    """Every helpers module the notebook's code cells (and the worker scripts they write) import."""
+    found: set[str] = set()
+    for cell in _code_cells(path):
+        found |= _imported(ast.parse(_parseable(_src(cell)), filename=path.name))
+    return found - {"helpers", "helpers.lessons"}  # the packages themselves back nothing
+
+
+def _lessons_in(modules: set[str]) -> set[str]:
+    return {m for m in modules if m.startswith("helpers.lessons.")}
+
+
+def _readme_section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    assert f"\n## {title}\n" in text, f"README.md has no '## {title}' section"
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _layout_groups() -> dict[str, set[str]]:
+    """The README's layout drawing: helpers/'s modules by group (core, instruments, commands)."""
+    block = _readme_section("Layout").split("```", 2)[1]
+    entry = re.search(r"^helpers/ .*?(?=^\S)", block, re.M | re.S)
+    assert entry, "the README's layout drawing has no helpers/ entry"
+    parts = re.split(r"\b(core|instruments|commands):", entry.group(0))
+    return {name: set(re.findall(r"(\w+)\.py", body))
+            for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def _core() -> set[str]:
+    return {f"helpers.{m}" for m in _layout_groups()["core"]}
+
+
+def _readme_map() -> dict[str, tuple[set[str], set[str]]]:
+    """notebook file name -> (lesson modules, instruments) as the README's lesson map lists them."""
+    rows: dict[str, tuple[set[str], set[str]]] = {}
+    for line in _readme_section("Lesson map").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 4 or not re.fullmatch(r"\d\d", cells[0]):
+            continue
+        notebook = re.search(r"notebooks/(\d\d_\w+\.ipynb)", cells[1])
+        assert notebook, f"README map row without a notebook link: {line[:120]}"
+        lessons = {f"helpers.lessons.{m}" for m in re.findall(r"helpers/lessons/(lesson\d\d)\.py", cells[2])}
+        instruments = {f"helpers.{m}" for m in re.findall(r"`(\w+)`", cells[3])}
+        rows[notebook.group(1)] = (lessons, instruments)
+    return rows
+
+
+def _derived_map() -> dict[str, tuple[set[str], set[str]]]:
+    """notebook file name -> (lesson modules, instruments other than core) from its own imports."""
+    rows = {}
+    for path in NOTEBOOKS:
+        modules = _notebook_modules(path)
+        rows[path.name] = (_lessons_in(modules), modules - _lessons_in(modules) - _core())
+    return rows
+
+
+def test_readme_lesson_map_says_what_the_notebooks_import() -> None:
+    readme, derived = _readme_map(), _derived_map()
+    assert set(readme) == set(derived), (
+        f"README map rows {sorted(set(readme) - set(derived))} have no notebook; "
+        f"notebooks {sorted(set(derived) - set(readme))} have no row"
+    )
+    wrong = {name: {"README": readme[name], "imports": derived[name]}
+             for name in derived if readme[name] != derived[name]}
+    assert not wrong, f"the README's lesson map disagrees with the notebooks' imports: {wrong}"
+
+
+def test_readme_layout_names_every_helpers_module_once() -> None:
+    groups = _layout_groups()
+    assert set(groups) == {"core", "instruments", "commands"}, sorted(groups)
+    named = [m for body in groups.values() for m in body]
+    assert len(named) == len(set(named)), f"a module is drawn in two groups: {named}"
+    modules = {p.stem for p in HELPERS.glob("*.py")} - {"__init__"}
+    assert set(named) == modules, (
+        f"drawn but missing: {sorted(set(named) - modules)}; "
+        f"in helpers/ but not drawn: {sorted(modules - set(named))}"
+    )
+
+
+def test_the_map_parsers_read_what_they_should() -> None:
+    """The derivation itself, on a made-up notebook cell, a worker script cell and a README row."""
+    cell = ("from helpers.lessons import lesson03 as lab\nfrom helpers import plots, planner\n"
+            "import helpers.memory\n%matplotlib inline\ndef f():\n    from helpers.tokens import tiny_lm\n")
+    assert _imported(ast.parse(_parseable(cell))) == {
+        "helpers.lessons", "helpers.lessons.lesson03", "helpers", "helpers.plots", "helpers.planner",
+        "helpers.memory", "helpers.tokens"}
+    script = "%%writefile {WORKDIR}/w.py\nfrom helpers.launcher import run_main\n"
+    assert _imported(ast.parse(_parseable(script))) == {"helpers.launcher"}
+    assert {"core", "instruments", "commands"} <= set(_layout_groups())
+    assert _readme_map(), "no row of the README's lesson map was read"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_readme_lesson_map_lists_notebook(path: Path) -> None:
-    assert f"notebooks/{path.name}" in (ROOT / "README.md").read_text()
+def test_notebook_imports_exactly_its_own_lesson_module(path: Path) -> None:
+    number = path.name[:2]
+    lessons = _lessons_in(_notebook_modules(path))
+    if number == "00":
+        assert lessons <= set(), f"{path.name} is the start-here notebook: it imports no lesson module"
+        return
+    assert lessons == {f"helpers.lessons.lesson{number}"}, (
+        f"{path.name} must import exactly one lesson module, helpers.lessons.lesson{number}; "
+        f"it imports {lessons}"
+    )
+    assert (HELPERS / "lessons" / f"lesson{number}.py").is_file()
+
+
+def test_every_lesson_module_backs_a_notebook() -> None:
+    assert LESSON_FILES, "no helpers/lessons/lessonNN.py found"
+    numbers = {p.name[:2] for p in NOTEBOOKS} - {"00"}
+    assert {LESSON_NAME.fullmatch(p.stem).group(1) for p in LESSON_FILES} == numbers
+
+
+@pytest.mark.parametrize("path", LESSON_FILES, ids=lambda p: p.stem)
+def test_no_lesson_module_imports_another(path: Path) -> None:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = _lessons_in(_imported(tree))
+    for node in ast.walk(tree):  # relative imports: `from . import lesson03`, `from .lesson03 import x`
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names = [node.module] if node.module else [a.name for a in node.names]
+            found |= {f"helpers.lessons.{n}" for n in names if LESSON_NAME.fullmatch(n)}
+    others = found - {f"helpers.lessons.{path.stem}"}
+    assert not others, f"{path.name} imports {sorted(others)}: what lessons share is an instrument"
+
+
+@pytest.mark.parametrize("path", sorted(HELPERS.glob("*.py")), ids=lambda p: p.stem)
+def test_no_instrument_imports_a_lesson_module(path: Path) -> None:
+    """Instruments never reach into a lesson; the ledger (review) may find lessons by discovery only."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imported = _imported(tree)
+    assert not _lessons_in(imported), f"{path.name} imports lesson modules {sorted(_lessons_in(imported))}"
+    by_name = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+               and re.fullmatch(r"helpers\.lessons\.lesson\d\d", n.value)}
+    assert not by_name, f"{path.name} imports lesson modules by name: {sorted(by_name)}"
+    if "helpers.lessons" in imported:
+        assert path.name == "review.py", (
+            f"{path.name} imports helpers.lessons: only the ledger (review.py) may, to discover the lessons")
+        names = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                 and node.module == "helpers.lessons" for a in node.names}
+        assert names <= {"lesson_modules"}, f"review.py takes {names} from helpers.lessons; discover"
 
 
 def _judged_bullets() -> list[tuple[str, str, str]]:
