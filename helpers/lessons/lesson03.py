@@ -41,6 +41,7 @@ from helpers.accumulation import (
 )
 from helpers.device import by_scale, synchronize
 from helpers.formulas import gpt_activation_bytes, gpt_param_count
+from helpers.lessons import verdict
 from helpers.memory import Mark, MicroStepMemory, micro_step_memory, run_or_oom, saved_activation_bytes
 from helpers.models import GPTConfig, device_of
 from helpers.training import lm_loss
@@ -377,19 +378,13 @@ def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable
 
 
 # -- exercise checkers -------------------------------------------------------------------
-def _say(ok: bool, yes: str, hint: str) -> str:
-    text = f"Correct: {yes}" if ok else f"Not yet. Hint: {hint}"
-    print(text)
-    return text
-
-
 def check_exercise_1(step_ratio: object) -> str:
     """Exercise 1: SGD with max_norm=1.0: the unscaled run's first step length / the scaled run's.
 
     Answer with a number. Returns (and prints) "Correct: ..." or a hint; never raises.
     """
     v = answer_number(step_ratio)
-    return _say(v is not None and abs(v - 1.0) <= 0.02,
+    return verdict(v is not None and abs(v - 1.0) <= 0.02,
                 "while both gradient norms are above max_norm, clipping rescales both to the same "
                 "length, so the steps are equally long and the missing 1/K is invisible. The "
                 "gradient-norm log still shows K times larger norms before clipping.",
@@ -399,7 +394,7 @@ def check_exercise_1(step_ratio: object) -> str:
 def check_exercise_2(step_ratio: object) -> str:
     """Exercise 2: Adam: the unscaled run's first weight change / the scaled run's (a number)."""
     v = answer_number(step_ratio)
-    return _say(v is not None and abs(v - 1.0) <= 0.05,
+    return verdict(v is not None and abs(v - 1.0) <= 0.05,
                 "Adam divides the first moment by the square root of the second, so a gradient K times "
                 "larger gives (almost) the same step; only eps breaks the tie. It is still not the same "
                 "algorithm: eps, weight decay and clipping thresholds now act on K-times gradients.",
@@ -413,7 +408,7 @@ def check_exercise_3(changed: object) -> str:
     """
     text = str(changed).strip().lower()
     ok = "logits" in text and "detach" not in text and "prediction" not in text
-    return _say(ok, "only the kept logits (with their grad_fn) keep the retained graph alive: about one "
+    return verdict(ok, "only the kept logits (with their grad_fn) keep the retained graph alive: about one "
                     "micro-batch of activations more per micro-step. Detached logits and predictions "
                     "hold no graph, so those lines do not change.",
                 "which of the kept tensors still refers to the graph that retain_graph=True kept?")
@@ -423,7 +418,7 @@ def check_exercise_4(leak: object, fix: object) -> str:
     """Exercise 4: `running = running + loss` after each backward: which leak ('a', 'b', 'c'), which fix?"""
     leak_ok = str(leak).strip().lower().strip("()") == "c"
     fix_ok = any(word in str(fix).lower() for word in ("item", "detach"))
-    return _say(leak_ok and fix_ok,
+    return verdict(leak_ok and fix_ok,
                 "it is (c), a kept tensor with a grad_fn: each backward has already freed the saved "
                 "activations, so only a few bytes per micro-step stay, but the chain of graph nodes "
                 "grows. Fix: running += loss.item() (or loss.detach()).",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -19,8 +20,9 @@ from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
 from helpers.validate import answer_number, choice, positive_int, positive_number
 
 __all__ = [
-    "CHECK_MICRO_BATCH", "check_config", "check_exercise_1", "check_exercise_2", "check_exercise_3",
-    "gpt_param_count", "predicted_peak_bytes", "show_plan", "widget_latency_cases",
+    "CHECK_MICRO_BATCH", "LessonSizes", "check_config", "check_exercise_1", "check_exercise_2",
+    "check_exercise_3", "gpt_param_count", "lesson_sizes", "predicted_peak_bytes", "show_plan",
+    "widget_latency_cases",
 ]
 
 
@@ -103,6 +105,20 @@ def check_config(scale: str) -> GPTConfig:
 
 
 CHECK_MICRO_BATCH = 4
+
+
+@dataclass(frozen=True)
+class LessonSizes:
+    """The sizes lesson 09 uses at one scale: the GPT of its only real run and that run's micro-batch."""
+
+    config: GPTConfig
+    micro_batch: int
+
+
+def lesson_sizes(scale: str) -> LessonSizes:
+    """Every size lesson 09 uses at `scale` ("tiny", "small", "medium" or "full")."""
+    choice("scale", scale, SCALES)
+    return LessonSizes(check_config(scale), CHECK_MICRO_BATCH)
 
 
 def predicted_peak_bytes(scale: str) -> int:
