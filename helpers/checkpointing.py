@@ -6,7 +6,7 @@
   and the selective policies.
 - `count_flops`: FLOPs of a callable, from `torch.utils.flop_counter`; `blocks_forward_flops`:
   one forward of a GPT's blocks, the most a full recompute costs;
-  `interleaved_times`: warmed-up, interleaved timings with their spread (shown, never asserted).
+  (timing: `helpers.costs.interleaved_times`).
 - `apply_ac(model, mode, every)`: THE way to checkpoint a model's blocks, a context manager
   (torchtitan's `apply_ac` style: one entry point, the policy as configuration), restored on exit;
   `make_block_wrapper`: the `model.block_wrapper` it sets for a mode in `POLICIES`;
