@@ -451,22 +451,10 @@ def _c_tokens(lab: Lab) -> Evidence:
 
 
 def _c_launches(lab: Lab) -> Evidence:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        ops = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-            Count.ops += 1
-            return func(*args, **(kwargs or {}))
-
     x, y = lab.tokens(8)
     counts, flops = {}, {}
     for k in (1, 8):
-        Count.ops = 0
-        with Count():
-            acc.accumulated_grad(lab.model, lm_loss, x, y, 8 // k)
-        counts[k] = Count.ops
+        counts[k] = costs.count_ops(lambda k=k: acc.accumulated_grad(lab.model, lm_loss, x, y, 8 // k))
         flops[k] = costs.count_flops(
             lambda k=k: acc.accumulated_grad(lab.model, lm_loss, x, y, 8 // k))
     ratio = counts[8] / counts[1]

@@ -1,6 +1,8 @@
-"""What a step costs besides memory: FLOPs counted by torch, and wall-clock time (shown, never asserted).
+"""What a step costs besides memory: FLOPs counted by torch, ops launched, and wall-clock time (shown,
+never asserted).
 
 - `count_flops(fn)`, `blocks_forward_flops(model, b)`: FLOPs from `torch.utils.flop_counter`.
+- `count_ops(fn)`: aten ops dispatched (kernel launches), with a `helpers.tracker.OpObserver`.
 - `interleaved_times(fns)` -> {name: `Timing`}: THE timing helper (warmed up, interleaved);
   `Timing` holds seconds, and `Timing.per_second(n)` the same runs as a rate.
 """
@@ -17,9 +19,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from helpers.device import synchronize
 from helpers.memory import run_or_oom
 from helpers.models import GPT, device_of
+from helpers.tracker import OpObserver
 from helpers.validate import bool_arg, callable_arg, instance_arg, int_at_least, positive_int
 
-__all__ = ["Timing", "blocks_forward_flops", "count_flops", "interleaved_times"]
+__all__ = ["Timing", "blocks_forward_flops", "count_flops", "count_ops", "interleaved_times"]
 
 
 def count_flops(fn: Callable[[], object]) -> int:
@@ -31,6 +34,33 @@ def count_flops(fn: Callable[[], object]) -> int:
     with FlopCounterMode(display=False) as counter:
         fn()
     return int(counter.get_total_flops())
+
+
+class _OpCounter(OpObserver):
+    """Count the aten ops that run inside (each one a kernel launch on a GPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def observe(self, func, args, kwargs, out) -> None:  # noqa: ANN001
+        """One more op."""
+        self.ops += 1
+
+
+def count_ops(fn: Callable[[], object]) -> int:
+    """How many aten ops run while `fn()` runs (forward, backward and all).
+
+    Args:
+        fn: a zero-argument callable, the work to count.
+
+    Returns:
+        The number of aten ops dispatched, seen by a `helpers.tracker.OpObserver`.
+    """
+    callable_arg("fn", fn, "a zero-argument callable")
+    with _OpCounter() as counter:
+        fn()
+    return counter.ops
 
 
 def blocks_forward_flops(model: GPT, micro_batch: int) -> int:

@@ -134,3 +134,11 @@ def test_the_median_of_one_callable_with_a_fake_clock(
     assert times["f"].median == expected
     assert clock.calls == repeats + 1
 
+
+def test_count_ops_counts_each_aten_op_once() -> None:
+    x = torch.ones(3)
+    assert costs.count_ops(lambda: None) == 0
+    assert costs.count_ops(lambda: x + 1) == 1
+    assert costs.count_ops(lambda: (x + 1) * 2) == 2
+    with pytest.raises(TypeError, match="fn"):
+        costs.count_ops(3)  # type: ignore[arg-type]
