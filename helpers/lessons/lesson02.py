@@ -11,7 +11,14 @@ import torch
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from helpers import plots
-from helpers.checkpointing import EXERCISE_CHAIN, chain_layer_costs, divisors, make_chain, segment_sweep
+from helpers.checkpointing import (
+    EXERCISE_CHAIN,
+    apply_ac,
+    chain_layer_costs,
+    divisors,
+    make_chain,
+    segment_sweep,
+)
 from helpers.costs import Timing, count_flops, interleaved_times
 from helpers.data import token_batch
 from helpers.device import SCALES, by_scale
@@ -19,7 +26,6 @@ from helpers.formulas import KORTHIKANTI, gpt_step_peak_bytes, korthikanti_terms
 from helpers.memory import StepMemory, run_or_oom, saved_activation_bytes
 from helpers.models import (
     GPT,
-    BlockWrapper,
     GPTBlock,
     GPTConfig,
     deep_gpt_setup,
@@ -32,9 +38,10 @@ from helpers.training import OPTIMIZERS, lm_loss
 from helpers.validate import answer_number, bool_arg, choice, instance_arg, int_at_least, positive_int
 
 __all__ = [
-    "CHAIN_LENGTHS", "REFERENCE_ROWS", "WIDGET_MAX_STEPS", "TradeOff", "TradeOffLab", "block_shape",
+    "CHAIN_LENGTHS", "REFERENCE_ROWS", "WIDGET_MAX_STEPS", "LessonSizes", "TradeOff", "TradeOffLab",
+    "block_shape",
     "chain_shape", "check_exercise_1", "check_exercise_2", "check_exercise_3", "check_exercise_4",
-    "exercise_3_measurement", "plot_trade_offs", "predicted_peak_bytes", "selective_shape",
+    "exercise_3_measurement", "lesson_sizes", "plot_trade_offs", "predicted_peak_bytes", "selective_shape",
     "widget_latency_cases", "widget_max_micro_batch",
 ]
 
@@ -65,6 +72,34 @@ WIDGET_MAX_STEPS = 16
 
 
 CHAIN_LENGTHS = (16, 36, 64)
+
+
+@dataclass(frozen=True)
+class LessonSizes:
+    """The sizes lesson 02 uses at one scale (see `lesson_sizes`).
+
+    `block` and `selective` are (b, s, h, a) of the single blocks of sections 1 and 5,
+    `chain` is (width, batch) of the sqrt(n) chains, `gpt` and `gpt_micro_batch` the GPT that
+    sections 2-9 checkpoint; the widget's sliders go up to `widget_max_micro_batch` and
+    `widget_max_steps`.
+    """
+
+    block: tuple[int, int, int, int]
+    selective: tuple[int, int, int, int]
+    chain: tuple[int, int]
+    chain_lengths: tuple[int, ...]
+    gpt: GPTConfig
+    gpt_micro_batch: int
+    widget_max_micro_batch: int
+    widget_max_steps: int
+
+
+def lesson_sizes(scale: str) -> LessonSizes:
+    """Every size lesson 02 uses at `scale` ("tiny", "small", "medium" or "full")."""
+    choice("scale", scale, SCALES)
+    cfg, b = deep_gpt_setup(scale)
+    return LessonSizes(block_shape(scale), selective_shape(scale), chain_shape(scale), CHAIN_LENGTHS, cfg, b,
+                       widget_max_micro_batch(scale), WIDGET_MAX_STEPS)
 
 
 def predicted_peak_bytes(scale: str) -> int:
@@ -140,25 +175,22 @@ class TradeOffLab:
         self._micro: dict[int, tuple[int, int, Timing, Timing]] = {}
 
     @staticmethod
-    def wrapper(checkpointed: bool) -> BlockWrapper | None:
-        """The block wrapper: `checkpoint(block, x, use_reentrant=False)` or None."""
-        if not checkpointed:
-            return None
-        return lambda block, x: checkpoint(block, x, use_reentrant=False)
+    def mode(checkpointed: bool) -> str:
+        """The `apply_ac` mode: "full" (`checkpoint(block, x, use_reentrant=False)`) or "none"."""
+        return "full" if checkpointed else "none"
 
     def micro_step(self, micro_batch: int, checkpointed: bool) -> Callable[[], None]:
         """One forward + backward of `micro_batch` examples (gradients cleared after)."""
         cfg, model = self.model.cfg, self.model
         idx, targets = token_batch(micro_batch, cfg.seq_len, cfg.vocab_size, seed=0, device=device_of(model))
-        wrapper = self.wrapper(checkpointed)
+        mode = self.mode(checkpointed)
 
         def step() -> None:
-            previous, model.block_wrapper = model.block_wrapper, wrapper
-            try:
-                lm_loss(model(idx), targets).backward()
-            finally:
-                model.block_wrapper = previous
-                model.zero_grad(set_to_none=True)
+            with apply_ac(model, mode):
+                try:
+                    lm_loss(model(idx), targets).backward()
+                finally:
+                    model.zero_grad(set_to_none=True)
 
         return step
 
@@ -181,7 +213,7 @@ class TradeOffLab:
         if key not in self._memory:
             mem = run_or_oom(lambda: measure_update(self.model, micro_batch=micro_batch, steps=key[1],
                                                     optimizer=self.optimizer,
-                                                    block_wrapper=self.wrapper(checkpointed)))
+                                                    block_wrapper=self.mode(checkpointed)))
             if mem is None:
                 return None
             self._memory[key] = mem

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from helpers.device import SCALES, by_scale
-from helpers.formulas import korthikanti_activation_bytes
+from helpers.formulas import gpt_param_count, korthikanti_activation_bytes
 from helpers.models import GPT, GPTConfig
 from helpers.phases import PhaseMemory, UpdateMeasurer
 from helpers.planner import GB, MemoryProfile, Plan, fit_profile, recommend
@@ -28,8 +28,8 @@ from helpers.validate import choice, positive_int
 
 __all__ = [
     "EXPLAINER_GB", "LARGEST_RUN", "PlannerLab", "check_exercise_1", "check_exercise_2", "check_exercise_3",
-    "draw_decision_diagram", "explainer_profiles", "lesson_config", "lesson_model", "predicted_peak_bytes",
-    "widget_latency_cases",
+    "LessonSizes", "draw_decision_diagram", "explainer_profiles", "lesson_config", "lesson_model",
+    "lesson_sizes", "predicted_peak_bytes", "widget_latency_cases",
 ]
 
 # The explainer's 24 GB example, in decimal GB (floor = weights + gradients + optimizer state).
@@ -212,6 +212,19 @@ def draw_decision_diagram(path: str | None = None) -> object:
 LARGEST_RUN = (32, 1)  # (micro-batch, steps): the naive whole-batch update, the lesson's largest run
 
 
+@dataclass(frozen=True)
+class LessonSizes:
+    """The sizes lesson 06 uses at one scale: its GPT and its largest run (micro-batch, steps)."""
+
+    config: GPTConfig
+    largest_run: tuple[int, int]
+
+
+def lesson_sizes(scale: str) -> LessonSizes:
+    """Every size lesson 06 uses at `scale` ("tiny", "small", "medium" or "full")."""
+    return LessonSizes(lesson_config(scale), LARGEST_RUN)
+
+
 def predicted_peak_bytes(scale: str) -> int:
     """Predicted peak of lesson 06's largest run at `scale`: 32 examples in one pass, plain.
 
@@ -222,8 +235,8 @@ def predicted_peak_bytes(scale: str) -> int:
     optimizer step's temporaries.
     """
     cfg = lesson_config(scale)
-    v, s, h, n = cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers
-    n_params = v * h + s * h + n * (12 * h * h + 13 * h) + 2 * h + h * v
+    s, h, v = cfg.seq_len, cfg.d_model, cfg.vocab_size
+    n_params = gpt_param_count(cfg)
     b = LARGEST_RUN[0]
     per_example = korthikanti_activation_bytes(cfg, 1, recompute=False) + 3 * s * v * 4 + 2 * s * h * 4
     return int(20 * n_params + 1.5 * b * per_example)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import formulas
+from helpers import costs, formulas
 from helpers.data import regression_batch, token_batch
 from helpers.lessons import lesson03
 from helpers.lessons.lesson03 import (
@@ -78,7 +78,7 @@ def test_throughput_sweep_reports_median_and_spread():
     model, fn, x, y = mlp_case()
     res = throughput_sweep(model, fn, x, y, [4, 24], rounds=3)
     for t in res.values():
-        assert t is not None and t.rounds == 3 and t.low <= t.median <= t.high
+        assert t is not None and t.runs == 3 and t.low <= t.median <= t.high
     assert all(p.grad is None for p in model.parameters())
     with pytest.raises(ValueError, match="rounds"):
         throughput_sweep(model, fn, x, y, [4], rounds=0)
@@ -103,10 +103,35 @@ def test_gpt_activation_formula_and_param_count():
 
 def test_widget_latency_cases_run(capsys):
     cases = lesson03.widget_latency_cases("tiny", torch.device("cpu"))
-    assert any(k.startswith("memory") for k in cases) and any(k.startswith("gradient") for k in cases)
+    assert cases and all(k.startswith("gradient") for k in cases)  # no loops given: no memory moves
     for fn in cases.values():
         fn()
     assert "effective batch B x K" in capsys.readouterr().out
+
+
+def test_memory_widget_cases_run_the_loops_they_are_given(capsys):
+    """The memory moves run the caller's loop (here one written in this test), not a copy of the lesson's."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        gpt = GPT(lesson03.lesson_sizes("tiny").gpt)
+    calls = []
+
+    def loop(batches, mark):
+        calls.append(len(batches))
+        for i, (x, y) in enumerate(batches):
+            (lm_loss(gpt(x), y) / len(batches)).backward()
+            mark(f"micro-step {i + 1}")
+
+    cases = lesson03.widget_latency_cases("tiny", torch.device("cpu"), gpt, {"test loop": loop})
+    memory = {k: fn for k, fn in cases.items() if k.startswith("memory")}
+    assert len(memory) == 4
+    for fn in memory.values():
+        fn()
+    z = lesson03.lesson_sizes("tiny")
+    assert calls == [z.gpt_k, z.gpt_k, z.widget_k_max, z.widget_k_max]
+    assert "effective batch B x K" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="both model and loops"):
+        lesson03.widget_latency_cases("tiny", torch.device("cpu"), gpt)
 
 
 @pytest.mark.parametrize(
@@ -134,12 +159,12 @@ def test_throughput_sweep_with_a_step_of_known_cost(monkeypatch: pytest.MonkeyPa
         now[0] += cost[micro_batch].pop(0)
         return torch.zeros(1)
 
-    monkeypatch.setattr(lesson03.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(lesson03, "accumulated_grad", fake_update)
     model, fn, x, y = mlp_case()
     n = x.shape[0]
     res = throughput_sweep(model, fn, x, y, [2, 8], rounds=3)
     t2, t8 = res[2], res[8]
-    assert (t2.median, t2.low, t2.high, t2.rounds) == pytest.approx((n / 0.25, n / 0.4, n / 0.2, 3))
-    assert (t8.median, t8.low, t8.high, t8.rounds) == pytest.approx((n / 1.0, n / 1.0, n / 1.0, 3))
+    assert (t2.median, t2.low, t2.high, t2.runs) == pytest.approx((n / 0.25, n / 0.4, n / 0.2, 3))
+    assert (t8.median, t8.low, t8.high, t8.runs) == pytest.approx((n / 1.0, n / 1.0, n / 1.0, 3))
     assert cost == {2: [], 8: []}  # one warm-up and three rounds each
