@@ -78,12 +78,8 @@ def test_predicted_peak_grows_with_the_scale(lesson: str) -> None:
 
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_an_unknown_scale_is_refused_by_name(lesson: str) -> None:
-    module = _lesson(lesson)
-    with pytest.raises(ValueError, match="scale"):
-        module.predicted_peak_bytes("huge")
-    if hasattr(module, "lesson_sizes"):
-        with pytest.raises(ValueError, match="scale"):
-            module.lesson_sizes("huge")
+    with pytest.raises(ValueError, match="scale"):  # lesson_sizes' refusal: tests/lessons/test_protocol.py
+        _lesson(lesson).predicted_peak_bytes("huge")
 
 
 def test_class_floors_are_the_documented_ones() -> None:
