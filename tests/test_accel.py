@@ -111,9 +111,14 @@ def test_a_live_trainer_that_stopped_on_its_last_batch_leaks_gradient_state(acce
 
 
 @pytest.mark.distributed
-def test_two_gloo_workers_all_reduce_once_per_update(accel) -> None:
+def test_two_gloo_workers_all_reduce_once_per_update(accel, monkeypatch: pytest.MonkeyPatch) -> None:
     """About 10-20 s on 2 busy cores: each spawned worker imports torch, DDP and Accelerate."""
     from helpers.distributed import lesson_data, lesson_model, mse_loss
+    from helpers.launcher import POOL_START_ENV
+
+    # Spawned even under `make unit`'s LESSONS_POOL_START=fork: a forked worker would inherit the
+    # Accelerate state this process's other tests made, and Accelerate would not wrap the model in DDP.
+    monkeypatch.setenv(POOL_START_ENV, "spawn")
 
     k, b, width = 3, 2, 16
     pool = accel.start_workers(2).result(timeout=180)
