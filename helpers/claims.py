@@ -33,7 +33,7 @@ class Claim:
     id: str
     text: str
     lesson: str  # "NN §section": the notebook and the section (cell) that teaches it
-    check: str
+    measures: str  # what the check measures, in a few words (the ledger's "check" column)
     run: Callable[[Lab], Evidence]
     condition: str = ""  # when the claim holds only under a condition, the row says which
     needs: str = ""  # a helpers module the check needs (rows wait until that lesson exists)
