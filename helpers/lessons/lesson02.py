@@ -32,9 +32,10 @@ from helpers.training import OPTIMIZERS, lm_loss
 from helpers.validate import answer_number, bool_arg, choice, instance_arg, int_at_least, positive_int
 
 __all__ = [
-    "CHAIN_LENGTHS", "REFERENCE_ROWS", "WIDGET_MAX_STEPS", "TradeOff", "TradeOffLab", "block_shape",
+    "CHAIN_LENGTHS", "REFERENCE_ROWS", "WIDGET_MAX_STEPS", "LessonSizes", "TradeOff", "TradeOffLab",
+    "block_shape",
     "chain_shape", "check_exercise_1", "check_exercise_2", "check_exercise_3", "check_exercise_4",
-    "exercise_3_measurement", "plot_trade_offs", "predicted_peak_bytes", "selective_shape",
+    "exercise_3_measurement", "lesson_sizes", "plot_trade_offs", "predicted_peak_bytes", "selective_shape",
     "widget_latency_cases", "widget_max_micro_batch",
 ]
 
@@ -65,6 +66,34 @@ WIDGET_MAX_STEPS = 16
 
 
 CHAIN_LENGTHS = (16, 36, 64)
+
+
+@dataclass(frozen=True)
+class LessonSizes:
+    """The sizes lesson 02 uses at one scale (see `lesson_sizes`).
+
+    `block` and `selective` are (b, s, h, a) of the single blocks of sections 1 and 5,
+    `chain` is (width, batch) of the sqrt(n) chains, `gpt` and `gpt_micro_batch` the GPT that
+    sections 2-9 checkpoint; the widget's sliders go up to `widget_max_micro_batch` and
+    `widget_max_steps`.
+    """
+
+    block: tuple[int, int, int, int]
+    selective: tuple[int, int, int, int]
+    chain: tuple[int, int]
+    chain_lengths: tuple[int, ...]
+    gpt: GPTConfig
+    gpt_micro_batch: int
+    widget_max_micro_batch: int
+    widget_max_steps: int
+
+
+def lesson_sizes(scale: str) -> LessonSizes:
+    """Every size lesson 02 uses at `scale` ("tiny", "small", "medium" or "full")."""
+    choice("scale", scale, SCALES)
+    cfg, b = deep_gpt_setup(scale)
+    return LessonSizes(block_shape(scale), selective_shape(scale), chain_shape(scale), CHAIN_LENGTHS, cfg, b,
+                       widget_max_micro_batch(scale), WIDGET_MAX_STEPS)
 
 
 def predicted_peak_bytes(scale: str) -> int:

@@ -10,8 +10,9 @@
 - `gradient_error(...)` / `show_gradient_error(...)` (max relative error) and
   `show_micro_step_memory(...)`: the widgets' work.
 - `scatter_grads(...)`, `plot_micro_step_memory(...)`: the lesson's plots.
-- `lesson_sizes(scale)`, `gpt_activation_bytes(...)`, `predicted_peak_bytes(scale)`,
-  `widget_latency_cases(scale, device)`: sizes and the per-lesson protocol.
+- `lesson_sizes(scale)`, `predicted_peak_bytes(scale)`,
+  `widget_latency_cases(scale, device, model, loops)`: sizes and the per-lesson protocol
+  (the memory widget's moves run the loops the notebook passes).
 - `check_exercise_1..4`: the exercises' checkers.
 
 The gradient API itself (`flat_grad`, `full_batch_grad`, `accumulated_grad`,
@@ -41,7 +42,8 @@ from helpers.accumulation import (
 )
 from helpers.device import by_scale, synchronize
 from helpers.formulas import gpt_activation_bytes, gpt_param_count
-from helpers.memory import Mark, MicroStepMemory, micro_step_memory, run_or_oom, saved_activation_bytes
+from helpers.lessons import verdict
+from helpers.memory import MicroStepMemory, micro_step_memory, run_or_oom, saved_activation_bytes
 from helpers.models import GPTConfig, device_of
 from helpers.training import lm_loss
 from helpers.validate import answer_number, positive_int
@@ -323,73 +325,54 @@ def show_micro_step_memory(
     return results
 
 
-def _reference_loops(model: nn.Module) -> dict[str, Callable[..., object]]:
-    """The lesson's three widget loops, for timing the widget outside the notebook."""
-    def correct(batches: list, mark: Mark) -> None:
-        for i, (x, y) in enumerate(batches):
-            (lm_loss(model(x), y) / len(batches)).backward()
-            mark(f"micro-step {i + 1}")
-
-    def retain(batches: list, mark: Mark) -> None:
-        kept = []
-        for i, (x, y) in enumerate(batches):
-            loss = lm_loss(model(x), y)
-            (loss / len(batches)).backward(retain_graph=True)
-            kept.append(loss)
-            mark(f"micro-step {i + 1}")
-
-    def summed(batches: list, mark: Mark) -> None:
-        total = 0.0
-        for i, (x, y) in enumerate(batches):
-            total = total + lm_loss(model(x), y) / len(batches)
-            mark(f"micro-step {i + 1}")
-        total.backward()
-        mark("backward")
-
-    return {"correct loop": correct, "retain_graph + kept losses": retain,
-            "sum losses, one backward": summed}
-
-
-def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:
+def widget_latency_cases(
+    scale: str,
+    device: torch.device,
+    model: nn.Module | None = None,
+    loops: dict[str, Callable[..., object]] | None = None,
+) -> dict[str, Callable[[], object]]:
     """One zero-argument callable per widget control of lesson 03, each doing one slider move.
 
-    The gradient widget (micro-batch size B, accumulation steps K, loss / K)
-    and the memory widget (B and K, on the lesson's GPT at `scale`).
-    """
-    from helpers.models import GPT
+    Args:
+        scale: the lesson's scale ("tiny", "small", "medium" or "full").
+        device: where the gradient widget's model runs.
+        model: the GPT the memory widget's loops run (the notebook's `gpt`).
+        loops: the notebook's own widget loops, `{name: loop(batches, mark)}`, each running
+            `model`. The lesson keeps no copy of its teaching loops: without `model` and
+            `loops` the memory widget's moves are left out.
 
+    Returns:
+        {move: callable}: the gradient widget's moves (micro-batch size B, accumulation
+        steps K, loss / K), and with `model` and `loops` the memory widget's (B and K).
+    """
     z = lesson_sizes(scale)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        gpt = GPT(z.gpt).to(device)
-    loops = _reference_loops(gpt)
-    memory = partial(show_micro_step_memory, gpt, loops, lm_loss)
-    return {
+    cases: dict[str, Callable[[], object]] = {
         "gradient B=64": lambda: show_gradient_error(64, 4, True),
         "gradient K=16": lambda: show_gradient_error(8, 16, True),
         "gradient B=64, K=16": lambda: show_gradient_error(64, 16, True),
         "gradient loss / K off": lambda: show_gradient_error(8, 4, False),
-        "memory B=1": lambda: memory(1, z.gpt_k),
-        f"memory B={z.widget_b_max}": lambda: memory(z.widget_b_max, z.gpt_k),
-        f"memory K={z.widget_k_max}": lambda: memory(z.gpt_micro, z.widget_k_max),
-        f"memory B={z.widget_b_max}, K={z.widget_k_max}": lambda: memory(z.widget_b_max, z.widget_k_max),
     }
+    if (model is None) != (loops is None):
+        raise ValueError("widget_latency_cases: give both model and loops (the notebook's), or neither")
+    if model is not None and loops is not None:
+        memory = partial(show_micro_step_memory, model, loops, lm_loss)
+        cases.update({
+            "memory B=1": lambda: memory(1, z.gpt_k),
+            f"memory B={z.widget_b_max}": lambda: memory(z.widget_b_max, z.gpt_k),
+            f"memory K={z.widget_k_max}": lambda: memory(z.gpt_micro, z.widget_k_max),
+            f"memory B={z.widget_b_max}, K={z.widget_k_max}": lambda: memory(z.widget_b_max, z.widget_k_max),
+        })
+    return cases
 
 
 # -- exercise checkers -------------------------------------------------------------------
-def _say(ok: bool, yes: str, hint: str) -> str:
-    text = f"Correct: {yes}" if ok else f"Not yet. Hint: {hint}"
-    print(text)
-    return text
-
-
 def check_exercise_1(step_ratio: object) -> str:
     """Exercise 1: SGD with max_norm=1.0: the unscaled run's first step length / the scaled run's.
 
     Answer with a number. Returns (and prints) "Correct: ..." or a hint; never raises.
     """
     v = answer_number(step_ratio)
-    return _say(v is not None and abs(v - 1.0) <= 0.02,
+    return verdict(v is not None and abs(v - 1.0) <= 0.02,
                 "while both gradient norms are above max_norm, clipping rescales both to the same "
                 "length, so the steps are equally long and the missing 1/K is invisible. The "
                 "gradient-norm log still shows K times larger norms before clipping.",
@@ -399,7 +382,7 @@ def check_exercise_1(step_ratio: object) -> str:
 def check_exercise_2(step_ratio: object) -> str:
     """Exercise 2: Adam: the unscaled run's first weight change / the scaled run's (a number)."""
     v = answer_number(step_ratio)
-    return _say(v is not None and abs(v - 1.0) <= 0.05,
+    return verdict(v is not None and abs(v - 1.0) <= 0.05,
                 "Adam divides the first moment by the square root of the second, so a gradient K times "
                 "larger gives (almost) the same step; only eps breaks the tie. It is still not the same "
                 "algorithm: eps, weight decay and clipping thresholds now act on K-times gradients.",
@@ -413,7 +396,7 @@ def check_exercise_3(changed: object) -> str:
     """
     text = str(changed).strip().lower()
     ok = "logits" in text and "detach" not in text and "prediction" not in text
-    return _say(ok, "only the kept logits (with their grad_fn) keep the retained graph alive: about one "
+    return verdict(ok, "only the kept logits (with their grad_fn) keep the retained graph alive: about one "
                     "micro-batch of activations more per micro-step. Detached logits and predictions "
                     "hold no graph, so those lines do not change.",
                 "which of the kept tensors still refers to the graph that retain_graph=True kept?")
@@ -423,7 +406,7 @@ def check_exercise_4(leak: object, fix: object) -> str:
     """Exercise 4: `running = running + loss` after each backward: which leak ('a', 'b', 'c'), which fix?"""
     leak_ok = str(leak).strip().lower().strip("()") == "c"
     fix_ok = any(word in str(fix).lower() for word in ("item", "detach"))
-    return _say(leak_ok and fix_ok,
+    return verdict(leak_ok and fix_ok,
                 "it is (c), a kept tensor with a grad_fn: each backward has already freed the saved "
                 "activations, so only a few bytes per micro-step stay, but the chain of graph nodes "
                 "grows. Fix: running += loss.item() (or loss.detach()).",

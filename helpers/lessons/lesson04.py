@@ -10,6 +10,7 @@ from matplotlib.axes import Axes
 
 from helpers.device import by_scale
 from helpers.formulas import convnet_activation_bytes, convnet_param_count, mlp_activation_bytes
+from helpers.lessons import verdict
 from helpers.pitfalls import Schedule, lr_schedule, norm_error_curve
 from helpers.validate import positive_int
 
@@ -202,12 +203,6 @@ def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable
     }
 
 
-def _say(ok: bool, yes: str, hint: str) -> str:
-    text = f"Correct: {yes}" if ok else f"Not yet. Hint: {hint}"
-    print(text)
-    return text
-
-
 def check_exercise_1(gap_that_closes: object) -> str:
     """Exercise 1 (BatchNorm momentum=None): which running statistic's gap closes?
 
@@ -215,7 +210,7 @@ def check_exercise_1(gap_that_closes: object) -> str:
     or a hint; never raises.
     """
     answer = str(gap_that_closes).strip().lower().replace(" ", "_")
-    return _say(
+    return verdict(
         answer in ("running_mean", "mean"),
         "with momentum=None the running mean is a plain average, and the average of K equal-sized "
         "micro-batch means is the full batch's mean. The variance gap stays: each micro-batch's "
@@ -228,7 +223,7 @@ def check_exercise_1(gap_that_closes: object) -> str:
 def check_exercise_2(micro_batch: object, ghost: int = 4) -> str:
     """Exercise 2: which `micro_batch` of `accumulated_grad` matches ghost BN with `ghost` examples?"""
     ok = isinstance(micro_batch, int) and not isinstance(micro_batch, bool) and micro_batch == ghost
-    return _say(ok, f"ghost batch norm with ghost batches of {ghost} is accumulation with micro-batches "
+    return verdict(ok, f"ghost batch norm with ghost batches of {ghost} is accumulation with micro-batches "
                     f"of {ghost}: the BatchNorm statistics come from the same {ghost} examples.",
                 "the gradient only depends on which examples each BatchNorm normalises together.")
 
@@ -236,7 +231,7 @@ def check_exercise_2(micro_batch: object, ghost: int = 4) -> str:
 def check_exercise_3(matches: object) -> str:
     """Exercise 3: does the per-micro-step run with a K-times longer schedule match per-update? (bool)"""
     ok = matches is True or str(matches).strip().lower() in ("yes", "true")
-    return _say(ok, "the update at micro-step K*u uses factor(K*u - 1) of the K-times longer schedule, "
+    return verdict(ok, "the update at micro-step K*u uses factor(K*u - 1) of the K-times longer schedule, "
                     "which equals factor(u - 1) of the original: the same LR at every update.",
                 "work out which LR the u-th optimizer step sees when the scheduler has been stepped "
                 "K*u - 1 times on a schedule of warmup*K and updates*K steps.")
@@ -245,7 +240,7 @@ def check_exercise_3(matches: object) -> str:
 def check_exercise_4(skipped: object, next_scale: object) -> str:
     """Exercise 4: with init_scale=2**24, is the first step skipped, and what scale comes next?"""
     ok = skipped is True and isinstance(next_scale, (int, float)) and next_scale == 2.0**23
-    return _say(ok, "the scaled float16 gradients overflow to inf, GradScaler skips optimizer.step() "
+    return verdict(ok, "the scaled float16 gradients overflow to inf, GradScaler skips optimizer.step() "
                     "and update() halves the scale (backoff_factor 0.5) to 2**23.",
                 "look at out.skipped, then call scaler.update() once and read scaler.get_scale(); "
                 "GradScaler's backoff_factor is 0.5.")

@@ -28,8 +28,8 @@ from helpers.validate import choice, positive_int
 
 __all__ = [
     "EXPLAINER_GB", "LARGEST_RUN", "PlannerLab", "check_exercise_1", "check_exercise_2", "check_exercise_3",
-    "draw_decision_diagram", "explainer_profiles", "lesson_config", "lesson_model", "predicted_peak_bytes",
-    "widget_latency_cases",
+    "LessonSizes", "draw_decision_diagram", "explainer_profiles", "lesson_config", "lesson_model",
+    "lesson_sizes", "predicted_peak_bytes", "widget_latency_cases",
 ]
 
 # The explainer's 24 GB example, in decimal GB (floor = weights + gradients + optimizer state).
@@ -210,6 +210,19 @@ def draw_decision_diagram(path: str | None = None) -> object:
 # -- Protocol: predicted peak and widget latency cases ---------------------------------------------
 
 LARGEST_RUN = (32, 1)  # (micro-batch, steps): the naive whole-batch update, the lesson's largest run
+
+
+@dataclass(frozen=True)
+class LessonSizes:
+    """The sizes lesson 06 uses at one scale: its GPT and its largest run (micro-batch, steps)."""
+
+    config: GPTConfig
+    largest_run: tuple[int, int]
+
+
+def lesson_sizes(scale: str) -> LessonSizes:
+    """Every size lesson 06 uses at `scale` ("tiny", "small", "medium" or "full")."""
+    return LessonSizes(lesson_config(scale), LARGEST_RUN)
 
 
 def predicted_peak_bytes(scale: str) -> int:

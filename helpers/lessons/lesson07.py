@@ -23,7 +23,8 @@ from helpers.launcher import WorkerPool, max_workers, shared_pool
 from helpers.validate import choice, positive_int
 
 __all__ = [
-    "DataParallelReport", "check_exercise_1", "check_exercise_2", "check_exercise_3", "data_parallel_report",
+    "DataParallelReport", "LessonSizes", "check_exercise_1", "check_exercise_2", "check_exercise_3",
+    "data_parallel_report",
     "draw_fsdp_memory", "draw_report", "lesson_sizes", "predicted_peak_bytes", "show_data_parallel",
     "widget_latency_cases",
 ]
@@ -34,13 +35,28 @@ SIZES = {  # scale -> model width; the lesson is about communication, so models 
 }
 
 
-def lesson_sizes(scale: str) -> dict[str, int]:
+@dataclass(frozen=True)
+class LessonSizes:
+    """The sizes lesson 07 uses at one scale (see `lesson_sizes`).
+
+    `micro_batch` (B), `steps` (K) and `workers` (W: 2, or every GPU under NCCL) are the
+    widget's defaults; `width` is the model width of every run.
+    """
+
+    micro_batch: int
+    steps: int
+    workers: int
+    width: int
+
+
+def lesson_sizes(scale: str) -> LessonSizes:
     """The lesson's default B, K, W and model width at `scale` (W: 2, or the GPUs under NCCL)."""
     from helpers.device import by_scale
 
     bk = by_scale(scale, tiny=(2, 2), small=(4, 4), medium=(8, 4), full=(8, 4))
-    return {"B": bk[0], "K": bk[1], "W": min(2, max_workers()) if max_workers() < 4 else max_workers(),
-            "width": SIZES[scale]}
+    return LessonSizes(micro_batch=bk[0], steps=bk[1],
+                       workers=min(2, max_workers()) if max_workers() < 4 else max_workers(),
+                       width=SIZES[scale])
 
 
 @dataclass(frozen=True)
@@ -181,9 +197,9 @@ def predicted_peak_bytes(scale: str) -> int:
     from helpers.device import SCALES
 
     sizes = lesson_sizes(choice("scale", scale, SCALES))
-    w = sizes["width"]
-    per_process = 16 * _mlp_params(w) + 4 * sizes["B"] * DEPTH * 11 * w
-    return sizes["W"] * per_process
+    w = sizes.width
+    per_process = 16 * _mlp_params(w) + 4 * sizes.micro_batch * DEPTH * 11 * w
+    return sizes.workers * per_process
 
 
 def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:
@@ -194,7 +210,7 @@ def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable
     Building the cases starts the pool (process start-up is paid once, here).
     """
     sizes = lesson_sizes(scale)
-    b, k, w, width = sizes["B"], sizes["K"], sizes["W"], sizes["width"]
+    b, k, w, width = sizes.micro_batch, sizes.steps, sizes.workers, sizes.width
     shared_pool(max(w, max_workers()))
 
     def move(bb: int, kk: int, ww: int) -> Callable[[], object]:

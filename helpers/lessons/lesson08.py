@@ -11,15 +11,16 @@ from helpers import accumulation as acc
 from helpers.claims import LAB_CONFIG, Lab
 from helpers.device import pick_device
 from helpers.formulas import gpt_step_peak_bytes, predicted_update_peak_bytes
-from helpers.models import GPT, deep_gpt_setup, explainer_config
+from helpers.models import GPT, GPTConfig, deep_gpt_setup, explainer_config
 from helpers.planner import RULE_COROLLARY, decision_rule
 from helpers.review import Ledger
 from helpers.training import lm_loss
 from helpers.validate import choice, positive_int
 
 __all__ = [
-    "EXERCISES", "QUIZ", "Feedback", "Question", "accumulation_check", "check_answer", "check_exercise",
-    "explore_accumulation", "followup_answers", "interview_answer", "predicted_peak_bytes", "quiz_widget",
+    "EXERCISES", "QUIZ", "Feedback", "LessonSizes", "Question", "accumulation_check", "check_answer",
+    "check_exercise_1", "check_exercise_2", "explore_accumulation", "followup_answers", "interview_answer",
+    "lesson_sizes", "predicted_peak_bytes", "quiz_widget",
     "widget_latency_cases",
 ]
 
@@ -177,7 +178,17 @@ EXERCISES = {
 }
 
 
-def check_exercise(number: int, answer: object) -> str:
+def check_exercise_1(answer: object) -> str:
+    """Exercise 1: which claim's row fails if a loop forgot to divide the loss by K? (a claim id)"""
+    return _check_exercise(1, answer)
+
+
+def check_exercise_2(answer: object) -> str:
+    """Exercise 2: B = 2, K = 16, W = 8: how many examples does one optimizer update see? (a number)"""
+    return _check_exercise(2, answer)
+
+
+def _check_exercise(number: int, answer: object) -> str:
     """Check an answer to exercise `number` of lesson 08; returns 'Correct: ...' or a hint."""
     number = choice("number", number, tuple(EXERCISES))
     _, expected, why = EXERCISES[number]
@@ -213,6 +224,32 @@ def explore_accumulation(micro_batch: int, steps: int, lab: Lab | None = None) -
           f"no / K: norm ratio {raw.norm_ratio:.3f} = K (C14)")
 
 
+@dataclass(frozen=True)
+class LessonSizes:
+    """The models the ledger checks at one scale (see `lesson_sizes`).
+
+    `lab` is the fast lab's GPT (the same at every scale), `explainer` lesson 01's model, and
+    `deep` with `deep_micro_batch` lesson 02's checkpointed GPT; `widget_moves` are the
+    (B, K) pairs of the explore widget's latency cases.
+    """
+
+    lab: GPTConfig
+    explainer: GPTConfig
+    deep: GPTConfig
+    deep_micro_batch: int
+    widget_moves: tuple[tuple[int, int], ...]
+
+
+_WIDGET_MOVES = ((4, 4), (8, 4), (4, 8))
+
+
+def lesson_sizes(scale: str) -> LessonSizes:
+    """Every size the ledger uses at `scale` ("tiny", "small", "medium" or "full")."""
+    choice("scale", scale, ("tiny", "small", "medium", "full"))
+    deep, b = deep_gpt_setup(scale)
+    return LessonSizes(LAB_CONFIG, explainer_config(scale), deep, b, _WIDGET_MOVES)
+
+
 def predicted_peak_bytes(scale: str) -> int:
     """The ledger's largest check at `scale`, from the formulas of the lessons whose models it uses.
 
@@ -232,4 +269,4 @@ def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable
     """One slider move each of lesson 08's explore widget (B and K)."""
     lab = Lab(device)
     return {f"B={b}, K={k}": (lambda b=b, k=k: explore_accumulation(b, k, lab))
-            for b, k in ((4, 4), (8, 4), (4, 8))}
+            for b, k in _WIDGET_MOVES}

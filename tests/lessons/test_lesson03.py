@@ -109,10 +109,35 @@ def test_predicted_peak_fits_the_scale(scale):
 
 def test_widget_latency_cases_run(capsys):
     cases = lesson03.widget_latency_cases("tiny", torch.device("cpu"))
-    assert any(k.startswith("memory") for k in cases) and any(k.startswith("gradient") for k in cases)
+    assert cases and all(k.startswith("gradient") for k in cases)  # no loops given: no memory moves
     for fn in cases.values():
         fn()
     assert "effective batch B x K" in capsys.readouterr().out
+
+
+def test_memory_widget_cases_run_the_loops_they_are_given(capsys):
+    """The memory moves run the caller's loop (here one written in this test), not a copy of the lesson's."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        gpt = GPT(lesson03.lesson_sizes("tiny").gpt)
+    calls = []
+
+    def loop(batches, mark):
+        calls.append(len(batches))
+        for i, (x, y) in enumerate(batches):
+            (lm_loss(gpt(x), y) / len(batches)).backward()
+            mark(f"micro-step {i + 1}")
+
+    cases = lesson03.widget_latency_cases("tiny", torch.device("cpu"), gpt, {"test loop": loop})
+    memory = {k: fn for k, fn in cases.items() if k.startswith("memory")}
+    assert len(memory) == 4
+    for fn in memory.values():
+        fn()
+    z = lesson03.lesson_sizes("tiny")
+    assert calls == [z.gpt_k, z.gpt_k, z.widget_k_max, z.widget_k_max]
+    assert "effective batch B x K" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="both model and loops"):
+        lesson03.widget_latency_cases("tiny", torch.device("cpu"), gpt)
 
 
 @pytest.mark.parametrize(

@@ -47,7 +47,7 @@ def test_lesson_sizes_per_scale_and_worker_count(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(lesson07, "max_workers", lambda: workers)
     expected = {"tiny": (2, 2, 32), "small": (4, 4, 64), "medium": (8, 4, 128), "full": (8, 4, 256)}
     for scale, (b, k, width) in expected.items():
-        assert lesson07.lesson_sizes(scale) == {"B": b, "K": k, "W": w, "width": width}
+        assert lesson07.lesson_sizes(scale) == lesson07.LessonSizes(b, k, w, width)
 
 
 def test_predicted_peak_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,214 @@
+"""Lesson 09 (notebooks/09_plan_your_model.ipynb): the real step the meta profile is checked on, the widget.
+
+Also the exercise checkers and the per-lesson protocol.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from helpers.device import SCALES, by_scale
+from helpers.meta_profile import BatchSpec, Profiler
+from helpers.models import GPT, GPTConfig
+from helpers.plan_report import margin_line, preset_profile
+from helpers.planner import recommend
+from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
+from helpers.validate import answer_number, choice, positive_int, positive_number
+
+__all__ = [
+    "CHECK_MICRO_BATCH", "LessonSizes", "check_config", "check_exercise_1", "check_exercise_2",
+    "check_exercise_3", "gpt_param_count", "lesson_sizes", "predicted_peak_bytes", "show_plan",
+    "widget_latency_cases",
+]
+
+
+def gpt_param_count(cfg: GPTConfig) -> int:
+    """Parameters of the project GPT with this config (untied head, biases, LayerNorms)."""
+    v, s, h, n = cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers
+    return v * h + s * h + n * (12 * h * h + 13 * h) + 2 * h + h * v
+
+
+def show_plan(
+    preset: str = "gpt2-xl",
+    seq_len: int = 1024,
+    micro_batch: int = 4,
+    accumulation_steps: int = 8,
+    checkpoint: bool = False,
+    budget_gb: float = 24.0,
+) -> None:
+    """One widget move: the predicted peak of B x K for a preset, the estimates, and the planner's choice."""
+    from helpers import plots
+
+    b = positive_int("micro_batch", micro_batch)
+    k = positive_int("accumulation_steps", accumulation_steps)
+    budget = positive_number("budget_gb", budget_gb) * GB
+    usable = budget * (1 - DEFAULT_CUDA_MARGIN)
+    _, _, cfg = preset_spec(preset, seq_len)
+    plain = preset_profile(preset, cfg.seq_len, "none")
+    ckpt = preset_profile(preset, cfg.seq_len, "blocks")
+    profile = ckpt if checkpoint else plain
+    peak = profile.predict_peak(b, accumulation_steps=k)
+    n = gpt_param_count(cfg)
+    print(f"{preset}, sequence {cfg.seq_len}: {n / 1e9:.2f} B parameters; Adam fp32, CUDA target")
+    print(f"effective batch B x K = {b} x {k} = {b * k}{', checkpointed' if checkpoint else ''}")
+    fits = peak <= usable
+    print(
+        f"predicted peak {peak / GB:.1f} GB ({profile.binding_phase(b, accumulation_steps=k)} phase binds) "
+        f"-> {'fits' if fits else 'does NOT fit'} in {usable / GB:.1f} GB "
+        f"(after a {DEFAULT_CUDA_MARGIN:.0%} CUDA margin)"
+    )
+    print(margin_line(budget, usable))
+    try:
+        plan = recommend(usable, b * k, plain, ckpt)
+        print(f"planner for {b * k} examples per update: {plan.describe()}\n  {plan.reason}")
+    except ValueError as err:
+        print(
+            f"planner: no plan. The floor is {plain.floor_bytes / GB:.1f} GB; shard, offload or lower the "
+            f"precision of the model state ({str(err).split('Remedies for the model state: ')[-1]})"
+        )
+    fig, (ax,) = plots.figure(width=7.0, height=3.0)
+    acts = profile.activations(b) + profile.other_bytes + profile.other_bytes_per_example * b
+    bars = {
+        "weights only": {"parameters": 4 * n},
+        "model states": {"parameters": 4 * n, "gradients": 4 * n, "optimizer_state": 8 * n},
+        "ours (profiled)": {
+            "parameters": 4 * n,
+            "gradients": 4 * n,
+            "optimizer_state": 8 * n,
+            "activations": max(0.0, peak - 16 * n - max(0.0, acts - profile.activations(b))),
+            "other": max(0.0, acts - profile.activations(b)),
+        },
+    }
+    plots.stacked_bars(
+        ax,
+        bars,
+        budget=budget,
+        budget_label=f"{budget / GB:.0f} GB card (a budget: nothing allocated)",
+        title=f"{preset}: {b} x {k}{' checkpointed' if checkpoint else ''}",
+    )
+    plots.show(fig)
+
+
+def check_config(scale: str) -> GPTConfig:
+    """The small GPT whose meta profile the lesson checks against a real measurement."""
+    return by_scale(
+        scale,
+        tiny=GPTConfig(256, 32, 64, 4, 2, dropout=0.0, fused_attention=True),
+        small=GPTConfig(512, 128, 128, 4, 4, dropout=0.0, fused_attention=True),
+        medium=GPTConfig(4096, 512, 512, 8, 8, dropout=0.0, fused_attention=True),
+        full=GPTConfig(8192, 1024, 768, 12, 12, dropout=0.0, fused_attention=True),
+    )
+
+
+CHECK_MICRO_BATCH = 4
+
+
+@dataclass(frozen=True)
+class LessonSizes:
+    """The sizes lesson 09 uses at one scale: the GPT of its only real run and that run's micro-batch."""
+
+    config: GPTConfig
+    micro_batch: int
+
+
+def lesson_sizes(scale: str) -> LessonSizes:
+    """Every size lesson 09 uses at `scale` ("tiny", "small", "medium" or "full")."""
+    choice("scale", scale, SCALES)
+    return LessonSizes(check_config(scale), CHECK_MICRO_BATCH)
+
+
+def predicted_peak_bytes(scale: str) -> int:
+    """The peak of the lesson's only real run: `check_config(scale)` at micro-batch 4 with Adam.
+
+    Computed by the meta profile the lesson checks against that very run (no memory
+    is allocated for it). Everything else in the lesson lives on the meta device.
+    """
+    choice("scale", scale, SCALES)
+    cfg = check_config(scale)
+    profiler = Profiler(functools.partial(GPT, cfg), BatchSpec.lm(cfg.seq_len, cfg.vocab_size), "adam")
+    return profiler.step(CHECK_MICRO_BATCH).peak_bytes
+
+
+def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:
+    """One callable per control of the lesson's widget (all work is on the meta device)."""
+    choice("scale", scale, SCALES)
+    base = {
+        "preset": "gpt2-xl",
+        "seq_len": 1024,
+        "micro_batch": 4,
+        "accumulation_steps": 8,
+        "checkpoint": False,
+        "budget_gb": 24.0,
+    }
+    moves = {
+        "preset llama-1b": {"preset": "llama-1b"},
+        "preset llama-7b": {"preset": "llama-7b"},
+        "sequence 2048": {"seq_len": 2048},
+        "B=1": {"micro_batch": 1},
+        "B=16": {"micro_batch": 16},
+        "K=1": {"accumulation_steps": 1},
+        "K=32": {"accumulation_steps": 32},
+        "checkpoint on": {"checkpoint": True},
+        "budget 80 GB": {"budget_gb": 80.0},
+    }
+    return {name: (lambda kw={**base, **change}: show_plan(**kw)) for name, change in moves.items()}
+
+
+def check_exercise_1(floor_gb: object) -> str:
+    """Exercise 1: the floor of llama-7b with fp32 Adam, in GB (decimal)."""
+    truth = preset_profile("llama-7b", 4096, "none").floor_bytes / GB
+    x = answer_number(floor_gb)
+    if x is None:
+        msg = f"Give a number of GB, got {type(floor_gb).__name__}."
+    elif abs(x - truth) <= 0.02 * truth:
+        msg = (
+            f"Correct: about {truth:.0f} GB, 16 bytes per parameter. It exceeds an 80 GB card before a "
+            "single activation: no micro-batch, accumulation or checkpointing helps; "
+            "shard or offload the state."
+        )
+    else:
+        msg = "Not yet. Count 4 bytes of weights, 4 of gradients and 8 of Adam state per parameter."
+    print(msg)
+    return msg
+
+
+def check_exercise_2(micro_batch: object, accumulation_steps: object, checkpoint: object) -> str:
+    """Exercise 2: the planner's choice for gpt2-xl (sequence 1024), 40 GB card, 32 examples per update."""
+    plain, ckpt = preset_profile("gpt2-xl", 1024, "none"), preset_profile("gpt2-xl", 1024, "blocks")
+    plan = recommend(40 * GB * (1 - DEFAULT_CUDA_MARGIN), 32, plain, ckpt)
+    answer = (micro_batch, accumulation_steps, checkpoint)
+    if answer == (plan.micro_batch, plan.accumulation_steps, plan.checkpoint):
+        msg = f"Correct: {plan.describe()}. {plan.reason}"
+    elif answer[:2] == (plan.micro_batch, plan.accumulation_steps):
+        msg = "Close: the sizes are right; does that micro-batch need checkpointing to fit?"
+    else:
+        msg = (
+            "Not yet. Move the widget to gpt2-xl, 40 GB, and try B = 32, 16, 8, ... without checkpointing "
+            "first, then with it; K = 32 / B."
+        )
+    print(msg)
+    return msg
+
+
+def check_exercise_3(bytes_saved: object) -> str:
+    """Exercise 3: activation bytes per example that checkpointing saves for gpt2-xl at sequence 1024."""
+    truth = (
+        preset_profile("gpt2-xl", 1024, "none").activation_bytes_per_example
+        - preset_profile("gpt2-xl", 1024, "blocks").activation_bytes_per_example
+    )
+    x = answer_number(bytes_saved)
+    if x is None:
+        msg = f"Give a number of bytes, got {type(bytes_saved).__name__}."
+    elif abs(x - truth) <= 0.03 * truth:
+        msg = f"Correct: about {truth / 2**30:.2f} GiB per example, paid for with one extra forward pass."
+    else:
+        msg = (
+            "Not yet. Subtract the checkpointed profile's activation_bytes_per_example from the plain one's "
+            "(preset_profile('gpt2-xl', 1024, ...))."
+        )
+    print(msg)
+    return msg

@@ -1,0 +1,406 @@
+"""A model's plan from its meta profile: the report `python -m helpers.plan` prints (lesson 09).
+
+- `plan_model(profiler, ...)` -> `PlanReport`: the profile of each phase, bytes per example, the
+  planner's choice for a budget (lesson 06's `helpers.planner.recommend`), the estimates people use
+  beside ours, and what each remedy saves. `PlanReport.table()` prints it, `to_dict()` is the `--json`.
+- `reported_card_bytes`, `margin_line`: the card a budget stands for, and the CUDA margin.
+- `preset_profile`: a preset's `MemoryProfile` from a 1-block and a 2-block copy of the model,
+  extrapolated to all blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from dataclasses import dataclass, field
+
+from helpers.meta_profile import CHECKPOINTS, BatchSpec, Profiler, StepProfile
+from helpers.models import GPT
+from helpers.planner import CAVEATS, MemoryProfile, Plan, recommend, remedy_floors
+from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
+from helpers.validate import ArgTypeError, choice, number_in_range, positive_number
+
+__all__ = ["PlanReport", "margin_line", "plan_model", "preset_profile", "reported_card_bytes"]
+
+
+def reported_card_bytes(budget_bytes: float) -> float:
+    """What the card a budget stands for reports, in bytes.
+
+    A budget of a whole number N of decimal GB is read as a card sold as "N GB", which
+    reports about N GiB (a "24 GB" card: 24 x 2^30 = 25.8e9 bytes). Any other budget (in
+    GiB, or in bytes) is taken as what the card reports.
+    """
+    gb = positive_number("budget_bytes", budget_bytes) / GB
+    return round(gb) * 2**30 if round(gb) >= 1 and abs(gb - round(gb)) < 1e-9 else float(budget_bytes)
+
+
+def _both_units(n: float) -> str:
+    return f"{n / GB:.2f} GB ({n / 2**30:.2f} GiB)" if n >= 0.5 * GB else _fmt(n)
+
+
+def margin_line(budget_bytes: float, usable_bytes: float) -> str:
+    """The budget in both units, and the margin as a share of the budget and of the card it stands for."""
+    card = reported_card_bytes(budget_bytes)
+    kept = budget_bytes - usable_bytes
+    text = f"budget {_both_units(budget_bytes)}, planning within {_both_units(usable_bytes)}"
+    if kept <= 0:
+        return text + " (no margin)"
+    text += f": the margin keeps {kept / budget_bytes:.0%} of the budget free"
+    if card != budget_bytes:
+        n = round(budget_bytes / GB)
+        text += (f", {1 - usable_bytes / card:.0%} of a card sold as {n} GB, which reports about {n} GiB = "
+                 f"{card / GB:.1f} GB (--budget {n}GiB plans for all of it)")
+    return text
+
+
+def _fmt(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+@dataclass
+class PlanReport:
+    """Everything `python -m helpers.plan` prints: profiles, the plan and the estimates beside it."""
+
+    model: str
+    n_params: int
+    spec: str
+    optimizer: str
+    target: str
+    precision: str
+    kernels: tuple[str, ...]
+    steps: dict[str, StepProfile]
+    profiles: dict[str, MemoryProfile]
+    budget_bytes: float
+    usable_bytes: float
+    effective_batch: int
+    plan: Plan | None
+    refusal: str
+    checked_peak_bytes: int | None
+    estimates: dict[str, float]
+    remedies: dict[str, float]
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+    released_peak_bytes: int | None = None
+
+    @property
+    def predicted_peak_bytes(self) -> int | None:
+        """The plan's peak: the larger of the fitted prediction and the full profile of that configuration."""
+        if self.plan is None:
+            return None
+        return max(self.plan.predicted_peak_bytes, self.checked_peak_bytes or 0)
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready dict (bytes as ints)."""
+        steps = {
+            mode: {
+                "micro_batch": s.micro_batch,
+                "peak_bytes": s.peak_bytes,
+                "floor_bytes": s.floor_bytes,
+                "phases": {name: {"total": sum(b.values()), **b} for name, b in s.phases.items()},
+                "binding_phase": s.binding_phase,
+            }
+            for mode, s in self.steps.items()
+        }
+        prof = {
+            mode: {
+                "floor_bytes": p.floor_bytes,
+                "activation_bytes_per_example": round(p.activation_bytes_per_example),
+                "other_bytes_per_example": round(p.other_bytes_per_example),
+                "optimizer_peak_bytes": round(p.optimizer_peak_bytes),
+                "held_output_bytes_per_example": round(p.held_output_bytes_per_example),
+            }
+            for mode, p in self.profiles.items()
+        }
+        plan = (
+            None
+            if self.plan is None
+            else {
+                "micro_batch": self.plan.micro_batch,
+                "accumulation_steps": self.plan.accumulation_steps,
+                "checkpoint": self.plan.checkpoint,
+                "predicted_peak_bytes": self.predicted_peak_bytes,
+                "fitted_peak_bytes": self.plan.predicted_peak_bytes,
+                "checked_peak_bytes": self.checked_peak_bytes,
+                "del_predictions_peak_bytes": self.released_peak_bytes,
+                "del_predictions_saves_bytes": None if self.released_peak_bytes is None
+                else self.predicted_peak_bytes - self.released_peak_bytes,
+                "reason": self.plan.reason,
+            }
+        )
+        return {
+            "model": self.model,
+            "parameters": self.n_params,
+            "batch": self.spec,
+            "optimizer": self.optimizer,
+            "target": self.target,
+            "precision": self.precision,
+            "attention_kernels": list(self.kernels),
+            "method": "meta-tracker",
+            "loop": "the explainer's loop as written (predictions alive until the next micro-step)",
+            "step_at_micro_batch_1": steps,
+            "profiles": prof,
+            "budget_bytes": round(self.budget_bytes),
+            "usable_bytes": round(self.usable_bytes),
+            "effective_batch": self.effective_batch,
+            "plan": plan,
+            "refusal": self.refusal or None,
+            "estimates_bytes": {k: round(v) for k, v in self.estimates.items()},
+            "remedy_savings_bytes": {k: round(v) for k, v in self.remedies.items()},
+            "seconds": round(self.seconds, 2),
+            "notes": self.notes,
+        }
+
+    def table(self) -> str:
+        """The report as plain-text tables."""
+        lines = [
+            f"{self.model}: {self.n_params / 1e9:.3f} B parameters, {self.spec}",
+            f"optimizer {self.optimizer}, precision {self.precision}, target {self.target} "
+            f"(attention kernel: {', '.join(self.kernels) or 'none'}); profiled on the meta device "
+            f"in {self.seconds:.1f} s",
+            "",
+        ]
+        cats = ("parameters", "gradients", "optimizer_state", "activations", "other")
+        head = f"{'micro-batch 1, K>=2':34s}" + "".join(f"{c[:11]:>12s}" for c in cats) + f"{'total':>12s}"
+        lines.append(head)
+        for mode, s in self.steps.items():
+            for name, b in s.phases.items():
+                row = f"{mode + ': ' + name:34s}" + "".join(f"{_fmt(b[c]):>12s}" for c in cats)
+                lines.append(row + f"{_fmt(sum(b.values())):>12s}")
+        lines.append("")
+        for mode, p in self.profiles.items():
+            lines.append(
+                f"{mode:>6s}: floor {_fmt(p.floor_bytes)}, "
+                f"activations {_fmt(p.activation_bytes_per_example)} "
+                f"per example ({_fmt(p.held_output_bytes_per_example)} of it held by `predictions`), "
+                f"optimizer-step peak {_fmt(p.optimizer_peak_bytes)}"
+            )
+        buffers = {k: v for s in self.steps.values() for k, v in s.kernel_buffer_bytes.items()}
+        for kernel, n in sorted(buffers.items()):
+            lines.append(f"{kernel} attention backward: {_fmt(n)} of its own buffers per call (other)")
+        lines.append("")
+        margin = margin_line(self.budget_bytes, self.usable_bytes)
+        lines.append(f"{margin}; effective batch {self.effective_batch}")
+        if self.plan is not None:
+            checked = (
+                ""
+                if self.checked_peak_bytes is None
+                else f"; profiled again: {_fmt(self.checked_peak_bytes)}"
+            )
+            lines.append(f"PLAN: {self.plan.describe().split(' (predicted')[0]} (predicted peak "
+                         f"{_fmt(self.predicted_peak_bytes)}, the larger of the fit's "
+                         f"{_fmt(self.plan.predicted_peak_bytes)}{checked})")
+            lines.append(f"  {self.plan.reason}")
+            if self.released_peak_bytes is not None:
+                lines.append(
+                    f"  with `del predictions` after the loss: peak {_fmt(self.released_peak_bytes)}, saves "
+                    f"{_fmt(self.predicted_peak_bytes - self.released_peak_bytes)} (the plan is for the loop "
+                    "as written, whose `predictions` variable holds the outputs until the next micro-step)"
+                )
+        else:
+            lines.append(f"NO PLAN: {self.refusal}")
+        lines.append("")
+        lines.append("estimates beside ours:")
+        for name, v in self.estimates.items():
+            lines.append(f"  {name:48s}{_fmt(v):>12s}")
+        lines.append("what each remedy would save:")
+        for name, v in self.remedies.items():
+            lines.append(f"  {name:48s}{_fmt(v):>12s}")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def _estimates(n_params: int, optimizer: str, profile: MemoryProfile, b: int) -> dict[str, float]:
+    state = {"sgd": 0, "sgd-momentum": 4, "adam": 8, "adamw": 8}[optimizer]
+    return {
+        "weights only (fp32, what loading tools count)": 4.0 * n_params,
+        f"model states only (weights + grads + {optimizer} state)": (8.0 + state) * n_params,
+        f"ours: profiled peak at micro-batch {b}": float(profile.predict_peak(b)),
+    }
+
+
+def _remedies(
+    steps: dict[str, StepProfile], profiles: dict[str, MemoryProfile], b: int, optimizer: str
+) -> dict[str, float]:
+    plain = profiles["plain"]
+    out = {}
+    if b > 1:
+        out[f"micro-batch {b} -> {b // 2} (accumulate twice as many steps)"] = plain.predict_peak(
+            b
+        ) - plain.predict_peak(b // 2)
+    if "checkpointed" in profiles:
+        out[f"checkpoint every block (at micro-batch {b})"] = plain.predict_peak(b) - profiles[
+            "checkpointed"
+        ].predict_peak(b)
+    bd = steps["plain"].optimizer_breakdown
+    p, g, s = bd["parameters"], bd["gradients"], bd["optimizer_state"]
+    if optimizer in ("adam", "adamw") and min(p, g, s) > 0:
+        for row in remedy_floors(p, g, s, workers=(8,)):
+            if row.saving_bytes > 0:
+                out[row.remedy] = row.saving_bytes
+    return out
+
+
+def _plan(profiles: dict[str, MemoryProfile], usable: float, effective_batch: int,
+          min_micro_batch: int) -> tuple[Plan | None, str]:
+    """The planner's choice for these profiles, or None and the refusal."""
+    try:
+        plan = recommend(usable, effective_batch, profiles["plain"], profiles.get("checkpointed"),
+                         min_micro_batch=min_micro_batch)
+    except ValueError as err:
+        return None, str(err)
+    return plan, ""
+
+
+def plan_model(
+    profiler: Profiler,
+    *,
+    name: str,
+    budget_bytes: float,
+    effective_batch: int,
+    checkpoint: str = "blocks",
+    cuda_margin: float = DEFAULT_CUDA_MARGIN,
+    min_micro_batch: int = 1,
+    check: bool = True,
+) -> PlanReport:
+    """Profile `profiler`'s model on meta and plan it for a budget (lesson 06's rule).
+
+    `checkpoint="blocks"` lets the planner checkpoint every block when nothing fits
+    without it; "none" keeps it off. For a CUDA target the planner keeps
+    `cuda_margin` (a fraction) of the budget free for what tensors do not show: the
+    CUDA context, cuBLAS/cuDNN workspaces and the caching allocator's fragmentation.
+    With `check`, the chosen configuration is profiled again in full, and the report's
+    predicted peak is the larger of the two (if the full profile is higher and over the
+    budget, the profile is raised by the difference and the plan made again). The plan is
+    for the explainer's loop as written; `released_peak_bytes` is the same configuration
+    with `del predictions` after the loss.
+    """
+    if not isinstance(profiler, Profiler):
+        raise ArgTypeError(f"profiler must be a helpers.meta_profile.Profiler, got {type(profiler).__name__}")
+    choice("checkpoint", checkpoint, CHECKPOINTS)
+    budget = positive_number("budget_bytes", budget_bytes)
+    margin = number_in_range("cuda_margin", cuda_margin, 0.0, 1.0, high_open=True)
+    usable = budget * (1 - margin) if profiler.target == "cuda" else budget
+    start = time.perf_counter()
+    modes = {"plain": "none"} if checkpoint == "none" else {"plain": "none", "checkpointed": "blocks"}
+    profiles, steps = {}, {}
+    for mode, ck in modes.items():
+        profiles[mode] = profiler.memory_profile(ck, (1, 2))
+        steps[mode] = profiler.step(1, checkpoint=ck)
+    plan, refusal, checked, released = None, "", None, None
+    for _ in range(4):  # a plan is never below its own full profile: raise the fit and replan if it was
+        plan, refusal = _plan(profiles, usable, effective_batch, min_micro_batch)
+        if plan is None or not check:
+            break
+        mode = "checkpointed" if plan.checkpoint else "plain"
+        full = profiler.step(plan.micro_batch, checkpoint="blocks" if plan.checkpoint else "none",
+                             accumulation_steps=min(plan.accumulation_steps, 2))
+        checked, released = full.peak_bytes, full.released.peak_bytes if full.released else None
+        short = checked - plan.predicted_peak_bytes
+        if short <= 0 or checked <= usable:
+            break
+        profiles[mode] = dataclasses.replace(profiles[mode], other_bytes=profiles[mode].other_bytes + short)
+    if plan is not None and checked is not None and checked > usable:
+        refusal = (f"the best configuration the fit found, {plan.describe()}, peaks at {checked} bytes when "
+                   f"profiled in full, over the {round(usable)} bytes available")
+        plan, checked, released = None, None, None
+    if plan is not None and not check:
+        k = plan.accumulation_steps
+        released = profiles["checkpointed" if plan.checkpoint else "plain"].predict_peak(
+            plan.micro_batch, accumulation_steps=k, keep_output=False)
+    b = plan.micro_batch if plan is not None else 1
+    kernels = tuple(sorted({k for s in steps.values() for k in s.kernels}))
+    notes = []
+    if profiler.target == "cuda":
+        notes.append(
+            f"CUDA target: attention assumed {', '.join(kernels) or 'absent'} (PyTorch's CUDA SDPA order: "
+            "flash for fp16/bf16 without a mask, else memory-efficient); foreach optimizer (about one "
+            f"parameter-sized temporary during the step); {margin:.0%} of the budget kept free "
+            "(--cuda-margin) for what the profile does not count: cuBLAS/cuDNN workspaces and kernels "
+            "other than the assumed ones (inside torch.cuda.max_memory_allocated), fragmentation "
+            "(memory_reserved minus memory_allocated) and the CUDA context (outside the allocator; "
+            "nvidia-smi shows it)"
+        )
+        notes.append(
+            "CUDA target: a fused-attention backward's own buffers are assumed, not measured: "
+            "FlashAttention-2 keeps an fp32 dq accumulator and fp32 row sums; the memory-efficient kernel "
+            "fp32 row sums, and fp32 dq, dk, dv accumulators for 16-bit inputs "
+            "(helpers.kernel_buffers.attention_backward_buffer_bytes)"
+        )
+    if profiler.optimizer_name in ("adam", "adamw"):
+        notes.extend(f"{name}: {caveat}" for name, caveat in CAVEATS.items())
+    return PlanReport(
+        name,
+        profiler.n_params,
+        profiler.spec.describe(),
+        profiler.optimizer_name,
+        profiler.target,
+        profiler.precision,
+        kernels,
+        steps,
+        profiles,
+        budget,
+        usable,
+        effective_batch,
+        plan,
+        refusal,
+        checked,
+        _estimates(profiler.n_params, profiler.optimizer_name, profiles["plain"], b),
+        _remedies(steps, profiles, b, profiler.optimizer_name),
+        time.perf_counter() - start,
+        notes,
+        released,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def preset_profile(
+    name: str,
+    seq_len: int,
+    checkpoint: str = "none",
+    *,
+    optimizer: str = "adam",
+    target: str = "cuda",
+    precision: str = "fp32",
+) -> MemoryProfile:
+    """A preset's `MemoryProfile`, from copies with 1 and 2 blocks extrapolated to all of them.
+
+    Every block is identical, so each fitted figure (floor, bytes per example, the
+    optimizer step's peak, ...) is a straight line in the number of blocks: two short
+    profiles give it for any depth, in well under a second even for the 7B shape.
+    """
+    _, _, cfg = preset_spec(name, seq_len)
+    fits = []
+    for n in (1, 2):
+        small = dataclasses.replace(cfg, n_layers=n)
+        profiler = Profiler(
+            functools.partial(GPT, small),
+            BatchSpec.lm(cfg.seq_len, cfg.vocab_size),
+            optimizer,
+            target=target,
+            precision=precision,
+        )
+        fits.append(profiler.memory_profile(checkpoint, (1, 2)))
+    one, two = fits
+    method = f"meta-tracker (target {target}), blocks extrapolated"
+    return _extrapolated(one, two, cfg.n_layers, method=method, label=f"{name} {checkpoint}")
+
+
+def _extrapolated(one: MemoryProfile, two: MemoryProfile, n: int, **names: str) -> MemoryProfile:
+    """The profile of `n` blocks from those of 1 and 2 blocks: every figure on its straight line."""
+
+    def line(attr: str) -> float:
+        a, b = getattr(one, attr), getattr(two, attr)
+        return a + (n - 1) * (b - a)
+
+    numbers = {
+        f.name: line(f.name)
+        for f in dataclasses.fields(MemoryProfile)
+        if f.name not in ("method", "micro_batches", "label", "released")
+    }
+    numbers["floor_bytes"] = round(numbers["floor_bytes"])
+    numbers["gradient_bytes"] = round(numbers["gradient_bytes"])
+    released = None
+    if one.released is not None and two.released is not None:
+        released = _extrapolated(one.released, two.released, n, **names)
+    return MemoryProfile(**numbers, micro_batches=one.micro_batches, released=released, **names)

@@ -1,0 +1,41 @@
+"""Tests of helpers.lessons.lesson09: the predicted peak against the real run, the widget, exercises."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from helpers.lessons import lesson09
+from helpers.meta_profile import BatchSpec, Profiler
+from helpers.models import GPT
+from helpers.plan_report import preset_profile
+from helpers.planner import recommend
+
+
+def test_predicted_peak_matches_the_real_check_run() -> None:
+    cfg = lesson09.check_config("tiny")
+    real = Profiler(functools.partial(GPT, cfg), BatchSpec.lm(cfg.seq_len, cfg.vocab_size), device="cpu")
+    measured = real.step(lesson09.CHECK_MICRO_BATCH).peak_bytes
+    assert lesson09.predicted_peak_bytes("tiny") == pytest.approx(measured, rel=0.01)
+
+
+def test_show_plan_prints_the_effective_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    lesson09.show_plan("gpt2-small", 256, 2, 4, True, 24.0)
+    out = capsys.readouterr().out
+    assert "effective batch B x K = 2 x 4 = 8" in out
+
+
+def test_exercise_checkers() -> None:
+    floor = preset_profile("llama-7b", 4096, "none").floor_bytes / 1e9
+    assert lesson09.check_exercise_1(floor).startswith("Correct")
+    assert lesson09.check_exercise_1(10.0).startswith("Not yet")
+    assert "number" in lesson09.check_exercise_1("lots")
+    plain, ckpt = preset_profile("gpt2-xl", 1024, "none"), preset_profile("gpt2-xl", 1024, "blocks")
+    p = recommend(36e9, 32, plain, ckpt)
+    assert lesson09.check_exercise_2(p.micro_batch, p.accumulation_steps, p.checkpoint).startswith("Correct")
+    assert lesson09.check_exercise_2(32, 1, False).startswith(("Not yet", "Close"))
+    saved = plain.activation_bytes_per_example - ckpt.activation_bytes_per_example
+    assert lesson09.check_exercise_3(saved).startswith("Correct")
+    assert lesson09.check_exercise_3(1.0).startswith("Not yet")
+    assert "number" in lesson09.check_exercise_3(None)
