@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from helpers.checks import ArgTypeError
+from helpers.validate import ArgTypeError
 
 __all__ = ["OOMReport", "format_size", "parse_size", "read_oom_message"]
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BUDGET_LABEL", "COLORS", "MIN_FONT_PT", "PHASE_SHADES", "STYLE", "UNITS", "byte_unit", "figure",
     "format_bytes", "layout_problems",
-    "phase_runs", "plot_measured_table", "show", "stacked_bars", "timeline", "use_style",
+    "phase_runs", "plain_ticks", "plot_measured_table", "show", "stacked_bars", "timeline", "use_style",
 ]
 
 STYLE = {
@@ -83,6 +83,38 @@ def figure(ncols: int = 1, *, width: float = 7.5, height: float = 3.6) -> tuple[
     positive_int("ncols", ncols)
     fig, axes = plt.subplots(1, ncols, figsize=(width, height), squeeze=False)
     return fig, list(axes[0])
+
+
+def plain_ticks(ax: Axes, axis: str = "both") -> None:
+    """Label `ax`'s log-scaled axes with plain numbers ("1, 2, 4, 8", "0.01, 0.1, 1"), not powers.
+
+    Matplotlib writes log ticks as powers (2^3, 10^-2, 6x10^0), which read badly to most learners.
+    Call this after plotting: it puts major ticks at the powers of the axis' base (plus 2 and 5
+    times them on a base-10 axis spanning at most two decades), labels them with "%g", and drops
+    the minor labels. Linear axes are left as they are.
+
+    Args:
+        ax: the axes.
+        axis: "x", "y" or "both".
+    """
+    import math
+
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    if axis not in ("x", "y", "both"):
+        raise ValueError(f"axis must be 'x', 'y' or 'both', got {axis!r}")
+    for name in ("x", "y") if axis == "both" else (axis,):
+        target = ax.xaxis if name == "x" else ax.yaxis
+        if target.get_scale() != "log":
+            continue
+        base = float(getattr(target.get_transform(), "base", 10.0))
+        low, high = sorted(ax.get_xlim() if name == "x" else ax.get_ylim())
+        decades = math.log10(high / low) if low > 0 else 99.0
+        subs = (1.0, 2.0, 5.0) if base == 10.0 and decades <= 2 else (1.0,)
+        step = max(1, math.ceil(math.log(high / low, base) / 8)) if low > 0 else 1
+        target.set_major_locator(LogLocator(base=base ** step, subs=subs))
+        target.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        target.set_minor_formatter(NullFormatter())
 
 
 MIN_FONT_PT = 8.0  # smaller text does not read at the lessons' figure size (90 dpi, 7.5 in wide)

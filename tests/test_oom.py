@@ -90,3 +90,16 @@ def test_not_an_oom_message_is_a_clear_error() -> None:
         read_oom_message("RuntimeError: mat1 and mat2 shapes cannot be multiplied")
     with pytest.raises(TypeError, match="str"):
         read_oom_message(123)  # type: ignore[arg-type]
+
+
+def test_lesson_00_states_the_decision_rule_word_for_word() -> None:
+    import json
+    from pathlib import Path
+
+    from helpers import planner
+
+    notebook = Path(__file__).resolve().parent.parent / "notebooks" / "00_start_here.ipynb"
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    for step in (*planner.DECISION_RULE, planner.RULE_COROLLARY):
+        assert step in markdown, step
