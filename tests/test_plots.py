@@ -151,3 +151,21 @@ def test_show_raises_on_a_clipped_figure_only_under_strict(monkeypatch: pytest.M
     monkeypatch.delenv("LESSONS_STRICT")
     plots.show(clipped())  # outside CI the learner still sees the figure
     assert plt.get_fignums() == []
+
+
+def test_plain_ticks_writes_log_ticks_as_plain_numbers() -> None:
+    fig, (ax, lin) = plots.figure(2)
+    ax.plot([1, 2, 4, 8, 16, 32], [1e-3, 1e-2, 0.1, 1, 10, 100], "o")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    lin.plot([1, 2], [1, 2])
+    assert any("power" in p for p in plots.layout_problems(fig))  # matplotlib's default: 2^{n}, 10^{n}
+    plots.plain_ticks(ax)
+    plots.plain_ticks(lin)  # a linear axis is left alone
+    fig.tight_layout()
+    assert not [p for p in plots.layout_problems(fig) if "power" in p]
+    assert [t.get_text() for t in plots._drawn_ticks(ax.xaxis)] == ["1", "2", "4", "8", "16", "32"]  # noqa: SLF001
+    assert "0.01" in [t.get_text() for t in plots._drawn_ticks(ax.yaxis)]  # noqa: SLF001
+    with pytest.raises(ValueError, match="axis"):
+        plots.plain_ticks(ax, "z")
+    plt.close(fig)

@@ -78,8 +78,9 @@ def test_the_counter_reads_a_going_deeper_part_and_what_follows_it() -> None:
              md("## Summary\n\n| a | b |\n|---|---|\n| 1 | 2 |")]
     core, deeper = split_path(cells)
     assert [_source(c)[:4] for c in core] == ["# 01", "## S"]
-    assert len(deeper) == 4 and words("| a | b |\n|---|---|\n- `x` 8 x 4") == 7
-    assert sum(words(_source(c)) for c in core) == 3 + 5 + 2 + 4
+    assert len(deeper) == 3 and words("| a | b |\n|---|---|\n- `x` 8 x 4") == 6
+    # "01 Title five words in this cell", then "Summary a b 1 2"
+    assert sum(words(_source(c)) for c in core) == 7 + 5
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

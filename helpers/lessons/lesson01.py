@@ -286,7 +286,8 @@ def check_exercise_1(floor_bytes: object = None, per_example_bytes: object = Non
         elif value is None:
             lines.append(f"{name}: give a number of bytes, got {type(answer).__name__}.")
         elif _close(value, truth, 0.02):
-            lines.append(f"Correct: {name} = {truth:,} bytes (yours {value:,.0f}).")
+            lines.append(f"Correct: {name} = {plots.format_bytes(truth)} ({truth:,} bytes; "
+                         f"yours {value:,.0f}).")
         else:
             way = "high" if value > truth else "low"
             lines.append(f"{name}: {value:,.0f} is too {way} (off by more than 2%). Hint: {hint}.")
