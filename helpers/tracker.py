@@ -1,8 +1,9 @@
 """The live-storage tracker behind every memory figure (core, all lessons).
 
-`MemoryTracker` is a `TorchDispatchMode`: it sees every aten op, and so every tensor
-storage an op creates, and records when each storage is freed. `build_timeline`
-turns those lifetimes into live bytes by category after every op. `helpers.memory`
+`MemoryTracker` is a `TorchDispatchMode` (an `OpObserver`): it sees every aten op, and so
+every tensor storage an op creates, and records when each storage is freed.
+`build_timeline` (in `helpers.timeline`, re-exported here) turns those lifetimes into live
+bytes by category after every op. `helpers.memory`
 builds the lessons' measurements (`measure_step`, `saved_activation_bytes`, ...) on it.
 
 NOTE [How the tracker sees memory]
@@ -55,81 +56,26 @@ dispatch mode cannot see). `helpers.meta_profile` uses it on the meta device.
 from __future__ import annotations
 
 import gc
-import itertools
 import math
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers.device import TENSOR_TRACKER
 from helpers.held_outputs import output_tensors, saving_nodes
+from helpers.timeline import CATEGORIES, Timeline, _Record, build_timeline
 
 __all__ = [
-    "CATEGORIES", "KernelBuffers", "MemoryTracker", "Timeline", "build_timeline", "release_point",
-    "tensors_in",
+    "CATEGORIES", "KernelBuffers", "MemoryTracker", "OpObserver", "Timeline", "build_timeline",
+    "release_point", "tensors_in",
 ]
-
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 
 # kernel_buffers(func, args, kwargs, out) -> bytes the op allocates inside itself and frees before
 # returning, or (those bytes, bytes it leaves held until MemoryTracker.drop_held())
 KernelBuffers = Callable[[object, tuple, dict, object], int | tuple[int, int]]
-
-
-@dataclass
-class Timeline:
-    """Live bytes by category after every op of a tracked region."""
-
-    ops: list[str]
-    phases: list[str]
-    series: dict[str, list[int]]
-    marks: list[tuple[int, str]] = field(default_factory=list)
-    method: str = TENSOR_TRACKER
-    inside_kernels: list[int] = field(default_factory=list)  # of "other": bytes allocated inside kernels
-
-    @property
-    def total(self) -> list[int]:
-        """Live bytes after each op, all categories together."""
-        return [sum(vals) for vals in zip(*self.series.values(), strict=True)]
-
-    @property
-    def peak_index(self) -> int:
-        """Index of the first op at which live memory was largest."""
-        total = self.total
-        return max(range(len(total)), key=total.__getitem__)
-
-    def at(self, index: int) -> dict[str, int]:
-        """Breakdown by category after op `index`."""
-        return {name: values[index] for name, values in self.series.items()}
-
-    def inside_at(self, index: int) -> int:
-        """Bytes of "other" after op `index` that a kernel allocated inside itself (0 if unknown)."""
-        return self.inside_kernels[index] if self.inside_kernels else 0
-
-
-@dataclass
-class _Record:
-    nbytes: int
-    born: int
-    died: float = math.inf
-    role: str | None = None  # fixed category, or None to decide by phase
-    phase: str = "forward"
-    ptr: int = 0  # the storage's address when it was born
-    born_nbytes: int = 0  # its size then (a storage resized in place grows later)
-    born_ns: int = 0
-    died_ns: float = math.inf
-    release: float = math.inf  # op at which a `del predictions` loop drops it
-    release_ns: float = math.inf
-    inside: bool = False  # a kernel's own buffer (declared by `kernel_buffers`)
-
-    def end(self, released: bool = False) -> float:
-        """The op after which it is gone: when it died, or its release point if earlier."""
-        return min(self.died, self.release) if released else self.died
 
 
 def tensors_in(tree: object) -> list[torch.Tensor]:
@@ -156,7 +102,29 @@ def _storage_key(t: torch.Tensor) -> tuple[int, torch.UntypedStorage] | None:
     return st._cdata, st
 
 
-class MemoryTracker(TorchDispatchMode):
+class OpObserver(TorchDispatchMode):
+    """The one `TorchDispatchMode` base of the project: run each aten op, then show it to `observe`.
+
+    Use a subclass as a context manager; every aten op run inside it (forward, backward,
+    optimizer step) is run unchanged and then passed to `observe(func, args, kwargs, out)`.
+    `self.window` holds the op's (start, end) in `time.time_ns()`.
+    """
+
+    window: tuple[int, int] = (0, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        t0 = time.time_ns()
+        out = func(*args, **kwargs)
+        self.window = (t0, time.time_ns())
+        self.observe(func, args, kwargs, out)
+        return out
+
+    def observe(self, func: object, args: tuple, kwargs: dict, out: object) -> None:
+        """Look at one op that just ran (`func` is its `torch._ops.OpOverload`); override this."""
+
+
+class MemoryTracker(OpObserver):
     """Track live tensor storages, by category, over a region of code.
 
     Use it as a context manager. Pass `model` (and `optimizer`) so that their
@@ -286,12 +254,10 @@ class MemoryTracker(TorchDispatchMode):
                 for t in tensors_in(state):
                     self._watch(t, "optimizer_state", "optimizer")
 
-    # -- TorchDispatchMode -------------------------------------------------
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        kwargs = kwargs or {}
-        t0 = time.time_ns()
-        out = func(*args, **kwargs)
-        t1 = time.time_ns()
+    # -- OpObserver ---------------------------------------------------------
+    def observe(self, func, args, kwargs, out) -> None:  # noqa: ANN001
+        """Count what the op allocated (a new storage) as live from this op on."""
+        t0, t1 = self.window
         self.clock += 1
         phase = self._phase()
         self.ops.append(func.overloadpacket.__name__)
@@ -311,7 +277,6 @@ class MemoryTracker(TorchDispatchMode):
                     self._ignore(t)  # a view or in-place result of a pre-existing tensor
                     continue
             self._watch(t, None, phase, found)
-        return out
 
     def _kernel_buffers(self, found: int | tuple[int, int], phase: str, t0: int, t1: int) -> None:
         inside, held = found if isinstance(found, tuple) else (found, 0)
@@ -447,35 +412,6 @@ def release_point(outputs: object, loss: torch.Tensor | None = None) -> None:
     """
     for tracker in _ACTIVE:
         tracker.could_release(outputs, loss)
-
-
-def _category(rec: _Record) -> str:
-    if rec.role is not None:
-        return rec.role
-    return "activations" if rec.phase in ("forward", "recompute") else "other"
-
-
-def build_timeline(
-    records: Iterable[_Record], ops: list[str], phases: list[str], marks: list[tuple[int, str]], *,
-    released: bool = False,
-) -> Timeline:
-    """Live bytes by category after each of `ops`, from storage lifetimes (a pure function).
-
-    With `released`, a record dies at its release point when that comes first (`_Record.end`).
-    """
-    n = len(ops)
-    diffs = {name: [0] * (n + 1) for name in (*CATEGORIES, "inside")}
-    for rec in records:
-        if rec.nbytes == 0:
-            continue
-        died = rec.end(released)
-        end = n if died == math.inf else int(died) + 1
-        for name in (_category(rec), "inside") if rec.inside else (_category(rec),):
-            diffs[name][rec.born] += rec.nbytes
-            diffs[name][min(end, n)] -= rec.nbytes
-    series = {name: list(itertools.accumulate(d[:n])) for name, d in diffs.items()}
-    inside = series.pop("inside")
-    return Timeline(list(ops), list(phases), series, list(marks), inside_kernels=inside)
 
 
 def _data_ptr(st: torch.UntypedStorage) -> int:
