@@ -377,7 +377,7 @@ def activation_sweep(
     """`breakdown_for` at each micro-batch size, with a progress bar (None marks an OOM)."""
     if len(micro_batches) < 2:
         raise ValueError(f"need at least two micro-batch sizes, got {list(micro_batches)}")
-    from tqdm.auto import tqdm
+    from helpers.display import progress as progress_line
 
-    sizes = tqdm(micro_batches, desc="micro-batch sweep", disable=not progress)
+    sizes = progress_line(micro_batches, desc="micro-batch sweep") if progress else micro_batches
     return {b: breakdown_for(model, b, optimizer) for b in sizes}

@@ -211,7 +211,8 @@ def plot_peak_vs_steps(results: dict[int, StepMemory], micro_batch: int) -> None
     twin.spines["right"].set_visible(True)
     lines = ax.get_legend_handles_labels()
     lines2 = twin.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="upper left")
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=9, loc="upper center",
+              bbox_to_anchor=(0.5, -0.22), ncol=2)  # below the axes: off the bars and points
     plots.show(fig)
 
 
@@ -243,14 +244,14 @@ def plot_saved_by_origin(tables: dict[str, dict[tuple[str, str], int]]) -> None:
             y = j + i * height
             ax.barh(y, value, height=height, color=f"C{i}")
             dtypes = "+".join(sorted(grouped[group][run]))
-            ax.text(value, y, f" {dtypes}", va="center", fontsize=7, color="#333")
+            ax.text(value, y, f" {dtypes}", va="center", fontsize=8, color="#333")
     from matplotlib.patches import Patch
 
     handles = [Patch(color=f"C{i}") for i in range(len(tables))]
     ax.legend(handles, list(tables), fontsize=8, loc="lower right")
     ax.set_yticks([j + 0.4 - height / 2 for j in range(len(keys))], keys, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, 1.18 * max(max(v.values()) for v in totals.values()) / size)
+    ax.set_xlim(0, 1.3 * max(max(v.values()) for v in totals.values()) / size)
     ax.set(xlabel=f"saved for backward ({unit})", title="What autograd keeps, by op and dtype")
     plots.show(fig)
 
@@ -285,7 +286,8 @@ def check_exercise_1(floor_bytes: object = None, per_example_bytes: object = Non
         elif value is None:
             lines.append(f"{name}: give a number of bytes, got {type(answer).__name__}.")
         elif _close(value, truth, 0.02):
-            lines.append(f"Correct: {name} = {truth:,} bytes (yours {value:,.0f}).")
+            lines.append(f"Correct: {name} = {plots.format_bytes(truth)} ({truth:,} bytes; "
+                         f"yours {value:,.0f}).")
         else:
             way = "high" if value > truth else "low"
             lines.append(f"{name}: {value:,.0f} is too {way} (off by more than 2%). Hint: {hint}.")

@@ -265,7 +265,7 @@ def plot_trade_offs(rows: Sequence[TradeOff], labels: Sequence[str]) -> object:
     for x, r in zip(xs, rows, strict=True):
         top = 1e3 * r.time_per_update.high
         right.annotate(f"{100 * r.extra_flops / r.plain_flops_per_update:+.0f}% FLOPs", (x, top),
-                       ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+                       ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
     right.set_xticks(list(xs), list(labels), fontsize=8)
     right.set_ylim(0, 1.15 * max(1e3 * r.time_per_update.high for r in rows))
     right.set_ylabel("ms per update (median, min-max)")

@@ -135,26 +135,49 @@ def show_gradient_error(micro_batch: int = 8, steps: int = 4, scale: bool = True
 
 
 def plot_micro_step_memory(ax: Axes, results: dict[str, MicroStepMemory], *,
-                           unit_bytes: int, title: str = "") -> None:
+                           unit_bytes: int, title: str = "",
+                           references: dict[str, float] | None = None) -> None:
     """Lines of live memory after each micro-step, in multiples of `unit_bytes`.
 
-    Each line starts at 0 (live memory before the loop); overlapping lines get
-    different dash styles and markers so that both stay visible.
-    """
-    from matplotlib.ticker import MaxNLocator
+    Each line starts at 0 (live memory before the loop). Loops whose lines coincide (within 1% of
+    `unit_bytes` at every mark) are drawn once, with their names joined by " = ", so no line
+    hides another. The x ticks carry the marks' own labels ("start", "1", ..., "backward").
 
+    Args:
+        ax: the axes to draw on.
+        results: {loop name: its `micro_step_memory` result}.
+        unit_bytes: the unit of the y axis (one micro-batch's saved activations).
+        title: the axes title.
+        references: {label: height in units} drawn as labelled dotted lines, e.g. one
+            micro-batch of logits held by the loop's variable.
+    """
     positive_int("unit_bytes", unit_bytes)
+    curves: list[tuple[list[str], list[float], list[str]]] = []  # (names, heights, mark labels)
+    for name, res in results.items():
+        heights = [(v - res.live_after[0]) / unit_bytes for v in res.live_after]
+        same = next((c for c in curves if len(c[1]) == len(heights)
+                     and max(abs(a - b) for a, b in zip(c[1], heights, strict=True)) <= 0.01), None)
+        if same is None:
+            curves.append(([name], heights, list(res.labels)))
+        else:
+            same[0].append(name)
     styles = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ("-", "x"), ("--", "v")]
-    for i, (name, res) in enumerate(results.items()):
-        base = res.live_after[0]
+    longest: list[str] = []
+    for i, (names, heights, labels) in enumerate(curves):
         line, marker = styles[i % len(styles)]
-        ax.plot(range(len(res.live_after)), [(v - base) / unit_bytes for v in res.live_after],
-                ls=line, marker=marker, ms=5, label=name, alpha=0.85)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("mark (0 = before the loop, k = after micro-step k)")
+        ax.plot(range(len(heights)), heights, ls=line, marker=marker, ms=5, label=" = ".join(names),
+                alpha=0.85)
+        longest = labels if len(labels) > len(longest) else longest
+    ticks = ["start" if lab == "start" else lab.removeprefix("micro-step ") for lab in longest]
+    ax.set_xticks(range(len(ticks)), ticks)
+    for label, height in (references or {}).items():
+        ax.axhline(height, color="#666", ls=":", lw=1)
+        ax.annotate(label, (0.0, height), xycoords=("axes fraction", "data"), xytext=(4, 3),
+                    textcoords="offset points", fontsize=8, color="#444")
+    ax.set_xlabel("after micro-step")
     ax.set_ylabel("live memory above start\n(x one micro-batch's activations)")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=1)
 
 
 # -- the true gradient, and angles -----------------------------------------------------
@@ -287,7 +310,7 @@ def show_micro_step_memory(
             print(f"{name}: OOM at B = {micro_batch}, K = {steps}")
         else:
             results[name] = res
-    fig, (ax,) = figure(width=7, height=3.6)
+    fig, (ax,) = figure(width=7, height=4.2)
     plot_micro_step_memory(ax, results, unit_bytes=unit,
                            title=f"B = {micro_batch}, K = {steps} (1 x = {format_bytes(unit)})")
     show(fig)

@@ -23,6 +23,8 @@ __all__ = [
 
 def plot_error_curves(ax: Axes, curves: dict[str, dict[int, float]], *, batch: int) -> None:
     """Log-log plot of {label: {micro_batch: L2 relative error}}; zeros are drawn at 1e-9."""
+    from helpers.plots import plain_ticks
+
     styles = [("o", "-"), ("s", "-"), ("^", "--"), ("D", "-."), ("v", ":")]
     for (label, curve), (marker, ls) in zip(curves.items(), styles * 2, strict=False):
         ax.plot(list(curve), [max(v, 1e-9) for v in curve.values()], marker=marker, ls=ls,
@@ -36,6 +38,7 @@ def plot_error_curves(ax: Axes, curves: dict[str, dict[int, float]], *, batch: i
     ax.set_ylabel("L2 relative gradient error")
     ax.set_title(f"accumulated vs full-batch gradient (batch {batch})")
     ax.legend(fontsize=8)
+    plain_ticks(ax)
 
 
 def plot_lr_schedules(ax: Axes, schedules: dict[str, Schedule], *, title: str = "") -> None:
@@ -138,7 +141,7 @@ def show_bn_error(micro_batch: int = 4, accum_steps: int = 4, norm: str = "batch
     number of accumulation steps at that effective batch (`bn_error_by_steps`
     gives the numbers).
     """
-    from helpers.plots import figure, show
+    from helpers.plots import figure, plain_ticks, show
 
     errors = bn_error_by_steps(micro_batch, accum_steps, norm, width=width, depth=depth, size=size,
                                device=device)
@@ -158,6 +161,7 @@ def show_bn_error(micro_batch: int = 4, accum_steps: int = 4, norm: str = "batch
     ax.text(0.99, 0.02, "points at 1e-9 are exactly 0 (K = 1 is the full batch)",
             transform=ax.transAxes, ha="right", fontsize=8, color="#666")
     ax.legend(fontsize=8, loc="upper left")
+    plain_ticks(ax)
     show(fig)
     print(f"micro-batch size (B) = {micro_batch}, accumulation steps (K) = {accum_steps} -> "
           f"effective batch B x K = {n}; norm={norm}: L2 relative gradient error "

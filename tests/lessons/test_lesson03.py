@@ -168,3 +168,24 @@ def test_throughput_sweep_with_a_step_of_known_cost(monkeypatch: pytest.MonkeyPa
     assert (t2.median, t2.low, t2.high, t2.runs) == pytest.approx((n / 0.25, n / 0.4, n / 0.2, 3))
     assert (t8.median, t8.low, t8.high, t8.runs) == pytest.approx((n / 1.0, n / 1.0, n / 1.0, 3))
     assert cost == {2: [], 8: []}  # one warm-up and three rounds each
+
+
+def test_micro_step_figure_draws_coinciding_loops_once_and_labels_every_mark() -> None:
+    from helpers.memory import MicroStepMemory
+    from helpers.plots import figure
+
+    def run(values: list[int], labels: list[str]) -> MicroStepMemory:
+        return MicroStepMemory(labels, values, max(values), 0, "tracker")
+
+    steps = ["start", "micro-step 1", "micro-step 2"]
+    fig, (ax,) = figure()
+    plot_micro_step_memory(ax, {"correct": run([0, 10, 10], steps), "keep loss": run([0, 10, 10], steps),
+                                "summed": run([0, 100, 200, 10], [*steps, "backward"])},
+                           unit_bytes=100, references={"one micro-batch of logits": 0.4})
+    assert [line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")] == [
+        "correct = keep loss", "summed"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["start", "1", "2", "backward"]
+    assert [t.get_text() for t in ax.texts] == ["one micro-batch of logits"]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
