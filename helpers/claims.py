@@ -16,7 +16,7 @@ scale: what checkpointing saves and costs (C09, C11) on lesson 02's GPT
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -104,12 +104,17 @@ class Lab:
 
 @dataclass(frozen=True)
 class Evidence:
-    """What a check measured: pass/fail, the headline number with its unit, and a sentence."""
+    """What a check measured: pass/fail, the headline number with its unit, and a sentence.
+
+    `figures` holds other numbers the same measurement gave (named), for text that quotes them
+    (lesson 08's cheat sheet), so nothing is measured twice.
+    """
 
     passed: bool
     value: float
     unit: str
     detail: str
+    figures: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -305,7 +310,7 @@ def _c_ckpt_flops(lab: Lab) -> Evidence:
     return Evidence(0 < extra <= region, forwards, "forwards of the checkpointed blocks",
                     f"lesson 02's model: {extra:,} extra FLOPs per forward+backward; one forward of its "
                     f"{len(model.blocks)} blocks is {region:,} (+{extra / plain:.0%} of the step; "
-                    "counted by FlopCounterMode)")
+                    "counted by FlopCounterMode)", {"extra_share_of_step": extra / plain})
 
 
 def _c_ckpt_inference(lab: Lab) -> Evidence:
@@ -483,7 +488,7 @@ def _c_launches(lab: Lab) -> Evidence:
     same_flops = abs(flops[8] / flops[1] - 1)
     return Evidence(ratio >= 4 and same_flops <= 0.02, ratio, "x more ops launched",
                     f"effective batch 8 as 1 x 8 vs 8 x 1: {counts[1]} -> {counts[8]} ops, same FLOPs "
-                    f"(within {same_flops:.1%})")
+                    f"(within {same_flops:.1%})", {"flops_difference": same_flops})
 
 
 def _c_state_floor(lab: Lab) -> Evidence:

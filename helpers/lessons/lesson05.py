@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 from matplotlib.axes import Axes
-from matplotlib.ticker import FuncFormatter
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 from torch import nn
 
 from helpers import plots
