@@ -21,7 +21,7 @@ __all__ = [
     "EXERCISES", "INTERVIEW_PATH", "INTERVIEW_WORDS", "QUIZ", "Feedback", "LessonSizes", "Question",
     "accumulation_check", "cheat_sheet_numbers", "check_answer", "check_exercise_1", "check_exercise_2",
     "explore_accumulation", "followup_answers", "interview_answer", "interview_path_markdown", "lesson_sizes",
-    "predicted_peak_bytes", "quiz_markdown", "quiz_widget", "widget_latency_cases", "word_count",
+    "predicted_peak_bytes", "quiz_markdown", "quiz_widget", "show_quiz", "widget_latency_cases", "word_count",
 ]
 
 
@@ -237,6 +237,19 @@ def quiz_widget() -> object:
         pick.observe(answer, names="value")
         boxes.append(w.VBox([w.HTML(f"<b>{q.id}.</b> {q.prompt}"), pick, out]))
     return w.VBox(boxes)
+
+
+def show_quiz() -> object:
+    """Display `quiz_widget()` with a plain-text fallback, so a saved notebook shows a sentence, not
+    the widget's repr; the questions themselves are the static `quiz_markdown` cell above it."""
+    from IPython.display import display
+
+    from helpers.display import widget_bundle
+
+    box = quiz_widget()
+    display(widget_bundle(box, "[the quiz as clickable options: run the notebook to use them; "
+                               "the questions and their folded answers are above]"), raw=True)
+    return box
 
 
 EXERCISES = {

@@ -114,3 +114,11 @@ def test_explore_widget_prints_the_effective_batch_and_checks(capsys: pytest.Cap
     assert lesson08.explore_accumulation(2, 3, lab) is None
     out = capsys.readouterr().out
     assert "effective batch B x K = 2 x 3 = 6" in out and "3.000 = K" in out
+
+
+def test_show_quiz_leaves_a_sentence_in_a_saved_notebook(monkeypatch: pytest.MonkeyPatch) -> None:
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, raw=False: shown.append(obj))
+    box = lesson08.show_quiz()
+    assert len(box.children) == len(lesson08.QUIZ)
+    assert "run the notebook" in shown[0]["text/plain"] and "VBox" not in shown[0]["text/plain"]
