@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import planner
-from helpers.lessons import lesson09
+from helpers.formulas import gpt_param_count
 from helpers.meta_profile import Profiler
 from helpers.plan_report import margin_line, plan_model, preset_profile, reported_card_bytes
 from helpers.presets import parse_budget, preset_spec
@@ -42,7 +42,7 @@ def test_report_remedies_save_what_the_hand_count_says() -> None:
     build, spec, cfg = preset_spec("gpt2-small", 64)
     report = plan_model(Profiler(build, spec, target="cuda"), name="gpt2-small", budget_bytes=24e9,
                              effective_batch=8, check=False)
-    n = lesson09.gpt_param_count(cfg)
+    n = gpt_param_count(cfg)
     assert not any(name.startswith("mixed precision") for name in report.remedies)
     assert report.remedies[planner.PURE_BF16] == pytest.approx(8 * n, rel=1e-3)
     assert any(note.startswith(planner.MIXED_PRECISION) and "16 B/param" in note for note in report.notes)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from helpers.device import SCALES, by_scale
+from helpers.formulas import gpt_param_count
 from helpers.meta_profile import BatchSpec, Profiler
 from helpers.models import GPT, GPTConfig
 from helpers.plan_report import margin_line, preset_profile
@@ -21,15 +22,9 @@ from helpers.validate import answer_number, choice, positive_int, positive_numbe
 
 __all__ = [
     "CHECK_MICRO_BATCH", "LessonSizes", "check_config", "check_exercise_1", "check_exercise_2",
-    "check_exercise_3", "gpt_param_count", "lesson_sizes", "predicted_peak_bytes", "show_plan",
+    "check_exercise_3", "lesson_sizes", "predicted_peak_bytes", "show_plan",
     "widget_latency_cases",
 ]
-
-
-def gpt_param_count(cfg: GPTConfig) -> int:
-    """Parameters of the project GPT with this config (untied head, biases, LayerNorms)."""
-    v, s, h, n = cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers
-    return v * h + s * h + n * (12 * h * h + 13 * h) + 2 * h + h * v
 
 
 def show_plan(
