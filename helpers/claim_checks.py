@@ -196,7 +196,7 @@ def _c_ckpt_flops(lab: Lab) -> Evidence:
     return Evidence(0 < extra <= region, forwards, "forwards of the checkpointed blocks",
                     f"lesson 02's model: {extra:,} extra FLOPs per forward+backward; one forward of its "
                     f"{len(model.blocks)} blocks is {region:,} (+{extra / plain:.0%} of the step; "
-                    "counted by FlopCounterMode)")
+                    "counted by FlopCounterMode)", {"extra_share_of_step": extra / plain})
 
 
 def _c_ckpt_inference(lab: Lab) -> Evidence:
@@ -359,7 +359,7 @@ def _c_launches(lab: Lab) -> Evidence:
     same_flops = abs(flops[8] / flops[1] - 1)
     return Evidence(ratio >= 4 and same_flops <= 0.02, ratio, "x more ops launched",
                     f"effective batch 8 as 1 x 8 vs 8 x 1: {counts[1]} -> {counts[8]} ops, same FLOPs "
-                    f"(within {same_flops:.1%})")
+                    f"(within {same_flops:.1%})", {"flops_difference": same_flops})
 
 
 def _c_state_floor(lab: Lab) -> Evidence:

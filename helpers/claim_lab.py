@@ -8,7 +8,7 @@ scale: lesson 02's GPT (`helpers.models.deep_gpt_setup`) and lesson 01's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -89,12 +89,17 @@ class Lab:
 
 @dataclass(frozen=True)
 class Evidence:
-    """What a check measured: pass/fail, the headline number with its unit, and a sentence."""
+    """What a check measured: pass/fail, the headline number with its unit, and a sentence.
+
+    `figures` holds other numbers the same measurement gave (named), for text that quotes them
+    (lesson 08's cheat sheet), so nothing is measured twice.
+    """
 
     passed: bool
     value: float
     unit: str
     detail: str
+    figures: Mapping[str, float] = field(default_factory=dict)
 
 
 

@@ -23,26 +23,32 @@ import importlib.util
 import platform
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from helpers import accumulation as acc
 from helpers.claims import CLAIMS, Claim, Evidence, Lab
 from helpers.device import lesson_scale, memory_method, pick_device
+from helpers.display import markdown_table
+from helpers.display import progress as progress_bar
+from helpers.plots import format_bytes
 from helpers.validate import choice
 
 __all__ = [
-    "CLAIMS", "Claim", "Evidence", "Lab", "Ledger", "Row", "format_table", "main", "readme_block",
-    "run_check", "run_ledger", "to_markdown", "write_readme",
+    "CLAIMS", "Claim", "Evidence", "Lab", "Ledger", "Row", "evidence_table", "format_table", "main",
+    "readme_block", "run_check", "run_ledger", "to_markdown", "write_readme",
 ]
 
 
 # -- running the ledger ----------------------------------------------------------------
 @dataclass(frozen=True)
 class Row:
-    """One checked claim: its evidence, pass/fail, the time the check took, and any error."""
+    """One checked claim: its evidence, pass/fail, the time the check took, and any error.
+
+    `figures` are the other named numbers the check measured (`Evidence.figures`).
+    """
 
     claim: Claim
     passed: bool
@@ -51,6 +57,14 @@ class Row:
     detail: str
     seconds: float
     error: str | None = None
+    figures: Mapping[str, float] = field(default_factory=dict)
+
+    def figure(self, name: str) -> float:
+        """The named figure `name` this row's check measured (ValueError if it has none)."""
+        if name not in self.figures:
+            raise ValueError(f"{self.claim.id} measured no figure {name!r}; it has {sorted(self.figures)} "
+                             f"({self.error or 'no error'})")
+        return float(self.figures[name])
 
 
 @dataclass(frozen=True)
@@ -97,7 +111,8 @@ def run_check(claim: Claim, lab: Lab) -> Row:
     except Exception as exc:  # noqa: BLE001 - a failing check is a failed row, never a crash
         acc.clear_grads(lab.model)
         return Row(claim, False, None, "", "", time.perf_counter() - start, f"{type(exc).__name__}: {exc}")
-    return Row(claim, bool(ev.passed), float(ev.value), ev.unit, ev.detail, time.perf_counter() - start)
+    return Row(claim, bool(ev.passed), float(ev.value), ev.unit, ev.detail, time.perf_counter() - start,
+               figures=dict(ev.figures))
 
 
 def run_ledger(
@@ -106,10 +121,10 @@ def run_ledger(
 ) -> Ledger:
     """Run the quick check of every claim (or of the ids in `only`) on this device.
 
-    Claims whose lesson module does not exist yet are listed as `pending`, not run.
+    Claims whose lesson module does not exist yet are listed as `pending`, not run. The
+    progress line is `helpers.display.progress`: in a notebook it keeps its final state when
+    saved; in a terminal it is a tqdm bar on stderr.
     """
-    from tqdm.auto import tqdm
-
     device = device or pick_device()
     chosen = _select(only, claims)
     lab = Lab(device)
@@ -117,7 +132,7 @@ def run_ledger(
     runnable = [c for c in chosen if available[c.id]]
     rows = []
     with torch.random.fork_rng(devices=[]):
-        for claim in tqdm(runnable, desc="checking claims", disable=not progress):
+        for claim in progress_bar(runnable, "checking claims") if progress else runnable:
             rows.append(run_check(claim, lab))
     return Ledger(rows, [c for c in chosen if not available[c.id]], str(device), torch.__version__,
                   lesson_scale(device), memory_method(device))
@@ -127,6 +142,8 @@ def _value(row: Row) -> str:
     if row.value is None:
         return "-"
     v = row.value
+    if row.unit.split(" ")[0] == "bytes":  # human units: "645.3 KiB of model state", never raw counts
+        return f"{format_bytes(v)}{row.unit[len('bytes'):]}"
     if v == 0 or abs(v) >= 1000:
         text = f"{v:,.0f}"
     elif abs(v) >= 1e-3:
@@ -163,18 +180,25 @@ def to_markdown(ledger: Ledger) -> str:
         f"- scale: {ledger.scale}",
         f"- memory method: {ledger.method}",
         "",
-        "| id | claim | lesson | check | condition | evidence | detail | result |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for r in ledger.rows:
-        detail = r.error or r.detail
-        out.append(f"| {r.claim.id} | {r.claim.text} | {r.claim.lesson} | {r.claim.measures} | "
-                   f"{r.claim.condition or '-'} | {_value(r)} | {detail.replace('|', '/')} | "
-                   f"{'pass' if r.passed else '**FAIL**'} |")
-    for c in ledger.pending:
-        out.append(f"| {c.id} | {c.text} | {c.lesson} | {c.measures} | {c.condition or '-'} | - | "
-                   f"waits for {c.needs} | waiting |")
-    return "\n".join(out) + "\n"
+    rows = [(r.claim.id, r.claim.text, r.claim.lesson, r.claim.measures, r.claim.condition or "-", _value(r),
+             r.error or r.detail, "pass" if r.passed else "**FAIL**") for r in ledger.rows]
+    rows += [(c.id, c.text, c.lesson, c.measures, c.condition or "-", "-", f"waits for {c.needs}", "waiting")
+             for c in ledger.pending]
+    headers = ("id", "claim", "lesson", "check", "condition", "evidence", "detail", "result")
+    return "\n".join(out) + "\n" + markdown_table(headers, rows) + "\n"
+
+
+def evidence_table(ledger: Ledger) -> str:
+    """The ledger as a short Markdown table that wraps in a notebook: id, claim, lesson, what was
+    measured (number and sentence, never cut), result; then one line on where it ran."""
+    rows = [(r.claim.id, r.claim.text, r.claim.lesson, f"{_value(r)}: {r.error or r.detail}",
+             "pass" if r.passed else "**FAIL**") for r in ledger.rows]
+    rows += [(c.id, c.text, c.lesson, f"waits for {c.needs}", "waiting") for c in ledger.pending]
+    n_pass = sum(r.passed for r in ledger.rows)
+    return (markdown_table(("id", "claim", "lesson", "measured here", "result"), rows)
+            + f"\n\n{n_pass} passed, {len(ledger.rows) - n_pass} failed, {len(ledger.pending)} waiting "
+              f"({ledger.device}, torch {ledger.torch_version}, scale {ledger.scale}, {ledger.method}).")
 
 
 # -- the follow-up questions, answered from the evidence ---------------------------------

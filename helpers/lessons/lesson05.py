@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 from torch import nn
 
 from helpers import plots
@@ -107,6 +108,13 @@ def lesson_sizes(scale: str) -> TokenSizes:
 
 # -- figures and the widget ------------------------------------------------------------------
 RUN_COLORS = ("#DD8452", "#55A868", "#8172B2")  # naive, fixed, a third series
+PLAIN_TICKS = FuncFormatter(lambda v, _: f"{v:g}")  # 1e-05, 0.001, 1: no 10^{n} powers on a log axis
+
+
+def _log_y(ax: Axes) -> None:
+    """A log y axis whose tick labels are plain numbers (1e-05, 0.01), never powers."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(PLAIN_TICKS)
 
 
 def draw_errors(ax: Axes, xs: Sequence[float], errors: dict[str, Sequence[float]], *,
@@ -129,7 +137,7 @@ def draw_errors(ax: Axes, xs: Sequence[float], errors: dict[str, Sequence[float]
                     mec="black", label=zero_label)
             zero_label = "_nolegend_"
     ax.axhline(TOLERANCE, color="crimson", ls="--", lw=1, label="1e-5 tolerance of the checks")
-    ax.set_yscale("log")
+    _log_y(ax)
     ax.set_ylim(floor / 3, 3.0)
 
 
@@ -150,8 +158,8 @@ def _show_report_figure(r: TokenReport) -> Figure:
                     (i, max(v, ERROR_FLOOR) * 1.6), ha="center", fontsize=8)
     a2.axhline(TOLERANCE, color="crimson", ls="--", lw=1)
     a2.annotate("1e-5 tolerance", (1.5, TOLERANCE * 1.5), ha="right", color="crimson", fontsize=8)
-    a2.set(yscale="log", ylim=(ERROR_FLOOR / 3, 10.0), ylabel="max_rel vs full batch",
-           title="Gradient error")
+    _log_y(a2)
+    a2.set(ylim=(ERROR_FLOOR / 3, 10.0), ylabel="max_rel vs full batch", title="Gradient error")
     names = ["full batch", "naive", "fixed"]
     values = [r.full_loss, r.naive_loss, r.fixed_loss]
     a3.axhline(r.full_loss, color="black", ls="--", lw=1)
@@ -211,13 +219,14 @@ def plot_training_curves(logged: dict[str, Sequence[float]],
         a1.plot(range(1, len(values) + 1), values, style, ms=3, lw=1.4 if style == "-" else 1,
                 color=color, label=name)
     a1.set(xlabel="optimizer update", ylabel="logged loss", title="Training log, same data")
-    a1.legend(fontsize=8)
+    a1.legend()
     for (name, values), style, color in zip(drift.items(), styles[1:], RUN_COLORS, strict=False):
         a2.plot(range(1, len(values) + 1), [max(v, ERROR_FLOOR) for v in values], style, ms=3,
                 color=color, label=name)
-    a2.set(yscale="log", xlabel="optimizer update", ylabel="||w - w_full|| / ||w_full||",
+    _log_y(a2)
+    a2.set(xlabel="optimizer update", ylabel="||w - w_full|| / ||w_full||",
            title="Distance from the full-batch weights")
-    a2.legend(fontsize=8)
+    a2.legend()
     return fig
 
 

@@ -168,7 +168,10 @@ def draw_decision_diagram(path: str | None = None) -> object:
     fig, ax = plt.subplots(figsize=(10.0, 5.4))
     ax.set_xlim(0, 10)
     ax.set_ylim(0, 6.1)
-    ax.axis("off")
+    ax.set(xticks=[], yticks=[])  # a drawing, not a chart: no ticks, no frame, no grid
+    ax.grid(False)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
 
     def box(x0: float, x1: float, y: float, h: float, text: str, color: str) -> None:
         ax.add_patch(FancyBboxPatch((x0, y - h / 2), x1 - x0, h, boxstyle="round,pad=0.04",
@@ -177,23 +180,26 @@ def draw_decision_diagram(path: str | None = None) -> object:
 
     def arrow(a: tuple[float, float], b: tuple[float, float], label: str = "") -> None:
         ax.annotate("", xy=b, xytext=a, arrowprops=dict(arrowstyle="->", color="#333", lw=1.2))
-        if label:
+        if label and a[0] == b[0]:  # a vertical arrow: its label beside it, clear of the boxes
+            ax.text(a[0] + 0.12, (a[1] + b[1]) / 2, label, fontsize=8, color="#333", ha="left", va="center")
+        elif label:
             ax.text((a[0] + b[0]) / 2, (a[1] + b[1]) / 2 + 0.1, label, fontsize=8, color="#333", ha="center")
 
     ask, ok, stop = "#fff3d6", "#e3f2e1", "#f7e1e1"
-    box(2.6, 7.2, 5.5, 0.7, "Profile one update: floor (weights + gradients + optimizer state),\n"
+    box(2.3, 7.5, 5.5, 0.7, "Profile one update: floor (weights + gradients + optimizer state),\n"
                             "activations per example, the optimizer step's peak", "#e8eef7")
     box(2.6, 7.2, 4.3, 0.7, "Does the floor (and the optimizer step)\nfit the budget?", ask)
-    box(2.6, 7.2, 3.0, 0.8, "Largest micro-batch B (dividing the effective\nbatch, B >= your minimum) "
-                            "that fits\nWITHOUT checkpointing?", ask)
+    box(2.6, 7.2, 3.0, 0.95, "Your minimum B: the smallest micro-batch that keeps\nthe device busy "
+                             "(throughput, lesson 03 §7). Largest B >= it,\ndividing E, that fits "
+                             "WITHOUT checkpointing?", ask)
     box(2.6, 7.2, 1.7, 0.7, "Largest such B that fits\nWITH checkpointing?", ask)
     box(7.8, 9.9, 3.0, 0.8, "Use B, no checkpointing;\naccumulate K = E / B", ok)
     box(7.8, 9.9, 1.7, 0.7, "Checkpoint, use B;\naccumulate K = E / B", ok)
     box(0.1, 2.0, 3.0, 2.4, "Model state dominates:\nshard it across\nworkers (lesson 07),\n"
                             "shard the optimizer\nstate, lower its\nprecision, or\noffload it", stop)
     arrow((4.9, 5.15), (4.9, 4.65))
-    arrow((4.9, 3.95), (4.9, 3.4), "yes")
-    arrow((4.9, 2.6), (4.9, 2.05), "no")
+    arrow((4.9, 3.95), (4.9, 3.5), "yes")
+    arrow((4.9, 2.5), (4.9, 2.05), "no")
     arrow((7.2, 3.0), (7.8, 3.0), "yes")
     arrow((7.2, 1.7), (7.8, 1.7), "yes")
     arrow((2.6, 4.3), (1.3, 4.2), "no")

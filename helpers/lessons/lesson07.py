@@ -25,7 +25,8 @@ from helpers.validate import choice, positive_int
 __all__ = [
     "DataParallelReport", "LessonSizes", "check_exercise_1", "check_exercise_2", "check_exercise_3",
     "data_parallel_report",
-    "draw_fsdp_memory", "draw_report", "lesson_sizes", "predicted_peak_bytes", "show_data_parallel",
+    "NO_SYNC_KINDS", "draw_fsdp_memory", "draw_no_sync_bars", "draw_report", "lesson_sizes", "no_sync_kind",
+    "predicted_peak_bytes", "show_data_parallel",
     "widget_latency_cases",
 ]
 
@@ -137,6 +138,50 @@ def show_data_parallel(micro_batch: int = 4, accumulation_steps: int = 4, world_
     plots.show(draw_report(report))
 
 
+NO_SYNC_KINDS = {  # what a loop's measurement says, and how its bar is drawn: (colour, hatch)
+    "right gradient, 1 all-reduce": ("#55A868", ""),
+    "right gradient, but K all-reduces": ("#9AA5B1", ""),
+    "BUG: the ranks' gradients differ": ("#C44E52", "//"),
+}
+
+
+def no_sync_kind(calls: int, spread: float, max_rel: float, tolerance: float = 1e-5) -> str:
+    """Which of `NO_SYNC_KINDS` a loop is, from what was measured: its all-reduces per update, how far
+    the ranks' gradients are apart (`spread`), and its error against one process (`max_rel`)."""
+    if spread > tolerance or max_rel > tolerance:
+        return "BUG: the ranks' gradients differ"
+    return "right gradient, 1 all-reduce" if calls == 1 else "right gradient, but K all-reduces"
+
+
+def draw_no_sync_bars(rows: dict[str, dict[str, object]], steps: int) -> object:
+    """All-reduces per update for each way of writing the micro-step, coloured by what was measured.
+
+    `rows` maps a mode to {"calls", "spread", "max_rel", ...} (lesson 07 §4); `steps` is K. A loop
+    whose ranks disagree is red and hatched, whatever its count, so the buggy one-all-reduce bar
+    never reads like the right one.
+    """
+    from matplotlib.patches import Patch
+
+    from helpers import plots
+
+    k = positive_int("steps", steps)
+    fig, (ax,) = plots.figure(1, width=10.0, height=3.2)
+    modes = list(rows)
+    for i, mode in enumerate(modes):
+        r = rows[mode]
+        color, hatch = NO_SYNC_KINDS[no_sync_kind(int(r["calls"]), float(r["spread"]), float(r["max_rel"]))]
+        ax.bar(i, int(r["calls"]), color=color, hatch=hatch, edgecolor="#333", width=0.6)
+    ax.set_xticks(range(len(modes)), [m.replace("_", " ") for m in modes], fontsize=9)
+    ax.axhline(k, color="#555", ls=":", lw=1)
+    ax.set_ylim(0, k * 1.15 + 0.5)
+    ax.set_ylabel(f"all-reduces per update (K = {k})", fontsize=9)
+    ax.set_title("Gradient all-reduces per update, counted by a DDP communication hook")
+    handles = [Patch(facecolor=c, hatch=h, edgecolor="#333", label=name)
+               for name, (c, h) in NO_SYNC_KINDS.items()]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+    return fig
+
+
 PEAK_COLORS = {"sharded_state": "#A6B4CF", "gathered_parameters": "#C44E52",
                "unsharded_gradients": "#CCB974", "activations": "#DD8452", "other": "#999999"}
 
@@ -152,7 +197,7 @@ def draw_fsdp_memory(state: dict[str, int], persistent: dict[str, int], peak: FS
     from helpers import plots
 
     w = positive_int("world_size", world_size)
-    fig, (left, right) = plots.figure(2, width=10.5, height=3.6)
+    fig, (left, right) = plots.figure(2, width=12.0, height=3.8)
     unit, size = plots.byte_unit(max(sum(state.values()), peak.peak_bytes))
     bars = [(0, state, plots.COLORS, ""), (1, persistent, plots.COLORS, ""),
             (2, peak.breakdown, PEAK_COLORS, "peak: ")]
@@ -167,16 +212,18 @@ def draw_fsdp_memory(state: dict[str, int], persistent: dict[str, int], peak: FS
     left.set_xticks([0, 1, 2], ["DDP:\nstate", "FSDP:\npersistent", "FSDP:\npeak"])
     left.set_ylabel(unit)
     left.set_title(f"Per rank (rank 0 of {w})")
-    left.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    left.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # in the gap, beside the bars
     labels = {"sync_every_step": "sync every micro-step", "sync_off": "sync off until the last"}
+    g_unit, g_size = plots.byte_unit(max((b for v in held.values() for b in v), default=1))
     for mode, values in held.items():
-        right.plot(range(1, len(values) + 1), [b / 1024 for b in values], marker="o",
+        right.plot(range(1, len(values) + 1), [b / g_size for b in values], marker="o",
                    label=labels.get(mode, mode))
-    right.set_xticks(range(1, max(map(len, held.values()), default=0) + 1))
+    right.set_xticks(range(1, max(map(len, held.values()), default=0) + 1))  # whole micro-steps only
+    right.set_ylim(bottom=0)  # from zero: the gap between the lines is W-fold, not exaggerated
     right.set_xlabel("after micro-step")
-    right.set_ylabel("gradient KiB held (rank 0)")
-    right.set_title("Kept between micro-steps")
-    right.legend(fontsize=8)
+    right.set_ylabel(f"gradient {g_unit} held (rank 0)")
+    right.set_title("Gradients kept between micro-steps")
+    right.legend(loc="lower center")  # below both lines: the synced one sits at 1/W of the other
     return fig
 
 

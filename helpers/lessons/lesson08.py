@@ -18,10 +18,10 @@ from helpers.training import lm_loss
 from helpers.validate import choice, positive_int
 
 __all__ = [
-    "EXERCISES", "QUIZ", "Feedback", "LessonSizes", "Question", "accumulation_check", "check_answer",
-    "check_exercise_1", "check_exercise_2", "explore_accumulation", "followup_answers", "interview_answer",
-    "lesson_sizes", "predicted_peak_bytes", "quiz_widget",
-    "widget_latency_cases",
+    "EXERCISES", "INTERVIEW_PATH", "INTERVIEW_WORDS", "QUIZ", "Feedback", "LessonSizes", "Question",
+    "accumulation_check", "cheat_sheet_numbers", "check_answer", "check_exercise_1", "check_exercise_2",
+    "explore_accumulation", "followup_answers", "interview_answer", "interview_path_markdown", "lesson_sizes",
+    "predicted_peak_bytes", "quiz_markdown", "quiz_widget", "show_quiz", "widget_latency_cases", "word_count",
 ]
 
 
@@ -61,16 +61,70 @@ def followup_answers(ledger: Ledger) -> dict[str, str]:
     }
 
 
+INTERVIEW_WORDS = 30  # the one-line answer's budget (issue 24)
+
+
 def interview_answer(ledger: Ledger) -> str:
-    """The one-line interview answer, in our words, with the ledger's numbers."""
-    return (
-        f"Checkpointing spends extra forward compute (at most one forward of the checkpointed blocks, "
-        f"{_val(ledger, 'C11'):.2f} of one here) to keep {_val(ledger, 'C09'):.1f}x fewer activations inside "
-        f"one micro-batch; accumulation spends more, smaller micro-steps ({_val(ledger, 'C24'):.1f}x the ops "
-        "here) and a later update to reach a bigger effective batch with the same gradient; they fix "
-        "different things and stack: shrink the micro-batch and accumulate first, and checkpoint once a "
-        "smaller micro-batch would leave the device idle."
-    )
+    """The one-line interview answer (at most `INTERVIEW_WORDS` words), with the ledger's typical numbers.
+
+    The numbers are lesson 02's model (C09, C11) and the fast lab's accumulation check (C24): the
+    lessons' own typical cases, not an extreme one.
+    """
+    share = ledger.row("C11").figure("extra_share_of_step")
+    return (f"Checkpointing recomputes activations: {_val(ledger, 'C09'):.1f}x less saved memory for about "
+            f"one extra forward (+{share:.0%} FLOPs). Accumulation sums micro-batch gradients: a "
+            "K-times-bigger batch in one micro-batch's memory, no extra FLOPs.")
+
+
+def word_count(text: str) -> int:
+    """Words of `text`, split on whitespace (how the 30-word budget is counted)."""
+    return len(text.split())
+
+
+def cheat_sheet_numbers(ledger: Ledger) -> list[tuple[str, str, str]]:
+    """The cheat sheet's measured numbers: (what, measured here, claim id) rows, from `ledger`."""
+    c24 = ledger.row("C24")
+    return [
+        ("checkpointing: activations saved for backward", f"{_val(ledger, 'C09'):.1f}x fewer bytes", "C09"),
+        ("checkpointing: extra compute",
+         f"{_val(ledger, 'C11'):.2f} of one forward of the blocks, "
+         f"+{ledger.row('C11').figure('extra_share_of_step'):.0%} of the step's FLOPs", "C11"),
+        ("peak = floor + B x activations per example",
+         f"straight line in B (R² {_val(ledger, 'C05'):.4f}); the floor moves by {_val(ledger, 'C06'):.1e}",
+         "C05, C06"),
+        ("accumulation, loss / K: gradient vs the full batch",
+         f"max relative difference {_val(ledger, 'C13'):.1e}", "C13"),
+        ("accumulation: compute", f"same FLOPs (within {c24.figure('flops_difference'):.1%}), "
+         f"{_val(ledger, 'C24'):.1f}x the ops as 8 micro-batches of 1", "C24"),
+        ("half the micro-batch, twice K (same effective batch)",
+         f"activations x {_val(ledger, 'C08'):.2f}", "C08"),
+        ("both: 4 x 8 checkpointed against 8 x 4", f"peak x {_val(ledger, 'C25'):.2f}, same floor", "C25"),
+        ("not exact: BatchNorm", f"gradient error {_val(ledger, 'C19'):.2f}", "C19"),
+        ("not exact: dropout, own masks per micro-batch", f"gradient error {_val(ledger, 'C20'):.2f}", "C20"),
+        ("not exact: scheduler stepped per micro-step",
+         f"warmup ends {_val(ledger, 'C21'):.0f}x too early", "C21"),
+        ("not exact: mean token loss / K on padded data", f"gradient error {_val(ledger, 'C23'):.1e}", "C23"),
+    ]
+
+
+# The two-hour interview path (issue 24): each lesson's core path (its sections before
+# "Going deeper"), in order, with the minutes a careful read takes. README.md lists the same parts.
+INTERVIEW_PATH: tuple[tuple[str, str, int], ...] = (
+    ("01", "where memory goes: the floor, activations per example, the peak", 20),
+    ("02", "activation checkpointing: what is kept, what is recomputed, what it costs", 25),
+    ("03", "gradient accumulation: loss / K, the memory per micro-step, throughput", 20),
+    ("04", "when accumulation is not a bigger batch: BatchNorm, dropout, the scheduler, loss scaling", 15),
+    ("06", "combining them and choosing: the measured table, the planner, the decision rule", 20),
+    ("08", "the cheat sheet, the one-line answer and the quiz", 20),
+)
+
+
+def interview_path_markdown() -> str:
+    """`INTERVIEW_PATH` as a numbered Markdown list with the minutes and their total."""
+    lines = [f"{i}. Lesson {n} (core path, {m} min): {what}."
+             for i, (n, what, m) in enumerate(INTERVIEW_PATH, 1)]
+    total = sum(m for _, _, m in INTERVIEW_PATH)
+    return "\n".join(lines) + f"\n\nTotal: {total} minutes, about {total / 60:.0f} hours."
 
 
 @dataclass(frozen=True)
@@ -149,6 +203,21 @@ def check_answer(question_id: str, answer: int) -> Feedback:
                            f"Revisit lesson {q.lesson}.")
 
 
+def quiz_markdown() -> str:
+    """The quiz as static Markdown: each question with its options, the answer folded in `<details>`.
+
+    Lesson 08 keeps this text as a markdown cell, so a saved notebook (GitHub, HTML) shows the quiz
+    without a kernel; a test checks that the cell is exactly this text, so the two cannot drift.
+    """
+    parts = []
+    for q in QUIZ:
+        options = "\n".join(f"- {chr(ord('a') + i)}) {o}" for i, o in enumerate(q.options))
+        parts.append(f"**{q.id}.** {q.prompt}\n\n{options}\n\n<details><summary>Answer</summary>\n\n"
+                     f"{chr(ord('a') + q.answer)}) {q.options[q.answer]}. {q.explanation} "
+                     f"(lesson {q.lesson})\n\n</details>")
+    return "\n\n".join(parts)
+
+
 def quiz_widget() -> object:
     """The quiz as ipywidgets: a dropdown per question and immediate feedback (ipywidgets 7 and 8)."""
     import ipywidgets as w
@@ -168,6 +237,19 @@ def quiz_widget() -> object:
         pick.observe(answer, names="value")
         boxes.append(w.VBox([w.HTML(f"<b>{q.id}.</b> {q.prompt}"), pick, out]))
     return w.VBox(boxes)
+
+
+def show_quiz() -> object:
+    """Display `quiz_widget()` with a plain-text fallback, so a saved notebook shows a sentence, not
+    the widget's repr; the questions themselves are the static `quiz_markdown` cell above it."""
+    from IPython.display import display
+
+    from helpers.display import widget_bundle
+
+    box = quiz_widget()
+    display(widget_bundle(box, "[the quiz as clickable options: run the notebook to use them; "
+                               "the questions and their folded answers are above]"), raw=True)
+    return box
 
 
 EXERCISES = {

@@ -117,3 +117,22 @@ def test_draw_fsdp_memory_shows_state_persistent_and_peak() -> None:
     peak_stack = [p.get_height() for p in left.patches if abs(p.get_x() + 0.3 - 2) < 1e-9]  # bars at x = 2
     assert sum(peak_stack) == 20
     plt.close(fig)
+
+
+def test_no_sync_bars_colour_the_buggy_loop_as_buggy() -> None:
+    """The flag-after-forward loop makes one all-reduce, like the right loop, but its ranks differ:
+    its bar must not share the right loop's colour (issue 24)."""
+    from helpers import plots
+    from helpers.lessons.lesson07 import NO_SYNC_KINDS, draw_no_sync_bars, no_sync_kind
+
+    assert no_sync_kind(1, 0.0, 1e-7) == "right gradient, 1 all-reduce"
+    assert no_sync_kind(4, 0.0, 1e-7) == "right gradient, but K all-reduces"
+    assert no_sync_kind(1, 0.3, 0.5).startswith("BUG")
+    rows = {"no_sync": dict(calls=1, spread=0.0, max_rel=1e-7),
+            "flag_after_forward": dict(calls=1, spread=0.3, max_rel=0.5)}
+    fig = draw_no_sync_bars(rows, 4)
+    right, buggy = fig.axes[0].patches[:2]
+    assert right.get_facecolor() != buggy.get_facecolor() and buggy.get_hatch() == "//"
+    assert {t.get_text() for t in fig.axes[0].get_legend().get_texts()} == set(NO_SYNC_KINDS)
+    fig.tight_layout()
+    assert plots.layout_problems(fig) == []
