@@ -174,7 +174,8 @@ def hf_dict(cfg: ArchConfig) -> dict[str, object]:
             n_inner=cfg.intermediate_size,
             activation_function="gelu_new", layer_norm_epsilon=cfg.norm_eps, embd_pdrop=cfg.embd_dropout,
             attn_pdrop=cfg.attn_dropout, resid_pdrop=cfg.resid_dropout,
-            tie_word_embeddings=cfg.tie_embeddings)
+            tie_word_embeddings=cfg.tie_embeddings,
+            bos_token_id=cfg.vocab_size - 1, eos_token_id=cfg.vocab_size - 1)  # GPT-2's end of text
     else:
         rope: dict[str, object] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
         if cfg.rope_scaling is not None:
@@ -235,9 +236,15 @@ def transformers_causal_lm(raw: Mapping[str, object], *, use_cache: bool = False
     """
     transformers = _transformers()
     body = {k: v for k, v in raw.items() if k not in ("torch_dtype", "dtype", "architectures")}
-    config = transformers.AutoConfig.for_model(**{**body, "use_cache": use_cache})
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32,
-                                                          attn_implementation="sdpa")
+    logs = transformers.utils.logging
+    level = logs.get_verbosity()
+    logs.set_verbosity_error()  # its notes about a config (token ids, defaults) stay off stderr
+    try:
+        config = transformers.AutoConfig.for_model(**{**body, "use_cache": use_cache})
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                              attn_implementation="sdpa")
+    finally:
+        logs.set_verbosity(level)
     masking = importlib.import_module("transformers.masking_utils")
     stack: list[contextlib.ExitStack] = []
 
