@@ -35,8 +35,8 @@ import torch
 from torch import nn
 
 from helpers.architectures import ArchConfig, CausalLM
-from helpers.checks import choice, positive_int
 from helpers.meta_profile import BatchSpec
+from helpers.validate import choice, positive_int
 
 __all__ = [
     "BUILDERS",

@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from helpers.meta_profile import CHECKPOINTS, BatchSpec, Profiler, StepProfile
-from helpers.models import GPT
+from helpers.architectures import CausalLM
+from helpers.meta_profile import CHECKPOINTS, PURE_BF16_WARNING, BatchSpec, Profiler, StepProfile
 from helpers.planner import CAVEATS, MemoryProfile, Plan, recommend, remedy_floors
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
 from helpers.validate import ArgTypeError, choice, number_in_range, positive_number
@@ -54,6 +55,13 @@ def margin_line(budget_bytes: float, usable_bytes: float) -> str:
     return text
 
 
+_PRECISION_WORDS = {
+    "fp32": "fp32 weights, gradients and optimizer state",
+    "bf16": "bf16 autocast over fp32 master weights, fp32 gradients, fp32 optimizer state",
+    "pure-bf16": "pure bf16: weights, gradients and optimizer state all bf16, no fp32 master copy",
+}
+
+
 def _fmt(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
 
@@ -82,6 +90,14 @@ class PlanReport:
     seconds: float
     notes: list[str] = field(default_factory=list)
     released_peak_bytes: int | None = None
+    n_trainable: int = 0
+    trainable: str = "all parameters"
+
+    @property
+    def floor_bytes_per_param(self) -> float:
+        """The floor (weights + gradients + optimizer state) per parameter: 16 for fp32 or bf16 mixed
+        precision with Adam, 8 for pure bf16, about 4 plus a little for LoRA (frozen fp32 base)."""
+        return self.profiles["plain"].floor_bytes / self.n_params
 
     @property
     def predicted_peak_bytes(self) -> int | None:
@@ -135,6 +151,9 @@ class PlanReport:
             "optimizer": self.optimizer,
             "target": self.target,
             "precision": self.precision,
+            "trainable": self.trainable,
+            "trainable_parameters": self.n_trainable,
+            "floor_bytes_per_parameter": round(self.floor_bytes_per_param, 3),
             "attention_kernels": list(self.kernels),
             "method": "meta-tracker",
             "loop": "the explainer's loop as written (predictions alive until the next micro-step)",
@@ -155,6 +174,10 @@ class PlanReport:
         """The report as plain-text tables."""
         lines = [
             f"{self.model}: {self.n_params / 1e9:.3f} B parameters, {self.spec}",
+            f"trainable: {self.trainable} ({self.n_trainable:,} of {self.n_params:,} parameters "
+            f"require grad; only they have gradients and optimizer state)",
+            f"floor {_fmt(self.profiles['plain'].floor_bytes)}: {self.floor_bytes_per_param:.2f} bytes per "
+            f"parameter ({_PRECISION_WORDS[self.precision]})",
             f"optimizer {self.optimizer}, precision {self.precision}, target {self.target} "
             f"(attention kernel: {', '.join(self.kernels) or 'none'}); profiled on the meta device "
             f"in {self.seconds:.1f} s",
@@ -206,7 +229,7 @@ class PlanReport:
         lines.append("what each remedy would save:")
         for name, v in self.remedies.items():
             lines.append(f"  {name:48s}{_fmt(v):>12s}")
-        lines.extend(f"note: {n}" for n in self.notes)
+        lines.extend(f"WARNING: {n}" if n == PURE_BF16_WARNING else f"note: {n}" for n in self.notes)
         return "\n".join(lines)
 
 
@@ -220,7 +243,8 @@ def _estimates(n_params: int, optimizer: str, profile: MemoryProfile, b: int) ->
 
 
 def _remedies(
-    steps: dict[str, StepProfile], profiles: dict[str, MemoryProfile], b: int, optimizer: str
+    steps: dict[str, StepProfile], profiles: dict[str, MemoryProfile], b: int, optimizer: str,
+    precision: str = "fp32",
 ) -> dict[str, float]:
     plain = profiles["plain"]
     out = {}
@@ -235,18 +259,18 @@ def _remedies(
     bd = steps["plain"].optimizer_breakdown
     p, g, s = bd["parameters"], bd["gradients"], bd["optimizer_state"]
     if optimizer in ("adam", "adamw") and min(p, g, s) > 0:
-        for row in remedy_floors(p, g, s, workers=(8,)):
+        for row in remedy_floors(p, g, s, workers=(8,), precision=precision):
             if row.saving_bytes > 0:
                 out[row.remedy] = row.saving_bytes
     return out
 
 
 def _plan(profiles: dict[str, MemoryProfile], usable: float, effective_batch: int,
-          min_micro_batch: int) -> tuple[Plan | None, str]:
-    """The planner's choice for these profiles, or None and the refusal."""
+          min_micro_batch: int, verify: Callable[[int, int, bool], int] | None) -> tuple[Plan | None, str]:
+    """The planner's choice for these profiles (each candidate checked by `verify`), or None and why not."""
     try:
         plan = recommend(usable, effective_batch, profiles["plain"], profiles.get("checkpointed"),
-                         min_micro_batch=min_micro_batch)
+                         min_micro_batch=min_micro_batch, verify=verify)
     except ValueError as err:
         return None, str(err)
     return plan, ""
@@ -269,9 +293,10 @@ def plan_model(
     without it; "none" keeps it off. For a CUDA target the planner keeps
     `cuda_margin` (a fraction) of the budget free for what tensors do not show: the
     CUDA context, cuBLAS/cuDNN workspaces and the caching allocator's fragmentation.
-    With `check`, the chosen configuration is profiled again in full, and the report's
-    predicted peak is the larger of the two (if the full profile is higher and over the
-    budget, the profile is raised by the difference and the plan made again). The plan is
+    With `check`, every candidate the fit says fits is profiled again in full before it is
+    chosen; one whose full profile is over the budget is skipped and the next smaller one is
+    tried (`recommend(verify=...)`), so the plan is never refused while a smaller micro-batch
+    fits. The report's predicted peak is the larger of the fit and the full profile. The plan is
     for the explainer's loop as written; `released_peak_bytes` is the same configuration
     with `del predictions` after the loss.
     """
@@ -287,30 +312,28 @@ def plan_model(
     for mode, ck in modes.items():
         profiles[mode] = profiler.memory_profile(ck, (1, 2))
         steps[mode] = profiler.step(1, checkpoint=ck)
-    plan, refusal, checked, released = None, "", None, None
-    for _ in range(4):  # a plan is never below its own full profile: raise the fit and replan if it was
-        plan, refusal = _plan(profiles, usable, effective_batch, min_micro_batch)
-        if plan is None or not check:
-            break
-        mode = "checkpointed" if plan.checkpoint else "plain"
-        full = profiler.step(plan.micro_batch, checkpoint="blocks" if plan.checkpoint else "none",
-                             accumulation_steps=min(plan.accumulation_steps, 2))
+    full_steps: dict[tuple[int, int, bool], StepProfile] = {}
+
+    def verify(b: int, k: int, ckpt: bool) -> int:
+        """The candidate profiled in full (K >= 2 stands for any K >= 2): the plan never goes below it."""
+        key = (b, min(k, 2), ckpt)
+        if key not in full_steps:
+            full_steps[key] = profiler.step(b, checkpoint="blocks" if ckpt else "none",
+                                            accumulation_steps=key[1])
+        return full_steps[key].peak_bytes
+
+    plan, refusal = _plan(profiles, usable, effective_batch, min_micro_batch, verify if check else None)
+    checked, released = None, None
+    if plan is not None and check:
+        full = full_steps[plan.micro_batch, min(plan.accumulation_steps, 2), plan.checkpoint]
         checked, released = full.peak_bytes, full.released.peak_bytes if full.released else None
-        short = checked - plan.predicted_peak_bytes
-        if short <= 0 or checked <= usable:
-            break
-        profiles[mode] = dataclasses.replace(profiles[mode], other_bytes=profiles[mode].other_bytes + short)
-    if plan is not None and checked is not None and checked > usable:
-        refusal = (f"the best configuration the fit found, {plan.describe()}, peaks at {checked} bytes when "
-                   f"profiled in full, over the {round(usable)} bytes available")
-        plan, checked, released = None, None, None
     if plan is not None and not check:
         k = plan.accumulation_steps
         released = profiles["checkpointed" if plan.checkpoint else "plain"].predict_peak(
             plan.micro_batch, accumulation_steps=k, keep_output=False)
     b = plan.micro_batch if plan is not None else 1
     kernels = tuple(sorted({k for s in steps.values() for k in s.kernels}))
-    notes = []
+    notes = [PURE_BF16_WARNING] if profiler.precision == "pure-bf16" else []
     if profiler.target == "cuda":
         notes.append(
             f"CUDA target: attention assumed {', '.join(kernels) or 'absent'} (PyTorch's CUDA SDPA order: "
@@ -346,10 +369,12 @@ def plan_model(
         refusal,
         checked,
         _estimates(profiler.n_params, profiler.optimizer_name, profiles["plain"], b),
-        _remedies(steps, profiles, b, profiler.optimizer_name),
+        _remedies(steps, profiles, b, profiler.optimizer_name, profiler.precision),
         time.perf_counter() - start,
         notes,
         released,
+        profiler.n_trainable,
+        profiler.trainable_spec.describe(),
     )
 
 
@@ -372,10 +397,10 @@ def preset_profile(
     _, _, cfg = preset_spec(name, seq_len)
     fits = []
     for n in (1, 2):
-        small = dataclasses.replace(cfg, n_layers=n)
+        small = dataclasses.replace(cfg, num_layers=n)
         profiler = Profiler(
-            functools.partial(GPT, small),
-            BatchSpec.lm(cfg.seq_len, cfg.vocab_size),
+            functools.partial(CausalLM, small),
+            BatchSpec.lm(seq_len, cfg.vocab_size),
             optimizer,
             target=target,
             precision=precision,
@@ -383,7 +408,7 @@ def preset_profile(
         fits.append(profiler.memory_profile(checkpoint, (1, 2)))
     one, two = fits
     method = f"meta-tracker (target {target}), blocks extrapolated"
-    return _extrapolated(one, two, cfg.n_layers, method=method, label=f"{name} {checkpoint}")
+    return _extrapolated(one, two, cfg.num_layers, method=method, label=f"{name} {checkpoint}")
 
 
 def _extrapolated(one: MemoryProfile, two: MemoryProfile, n: int, **names: str) -> MemoryProfile:

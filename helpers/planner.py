@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 from helpers.formulas import korthikanti_activation_bytes, linear_fit
 from helpers.models import GPTConfig
-from helpers.validate import callable_arg, positive_int, positive_number
+from helpers.validate import callable_arg, choice, positive_int, positive_number
 
 __all__ = [
     "CAVEATS", "DECISION_RULE", "FSDP", "GB", "MIXED_PRECISION", "PURE_BF16", "REMEDIES", "RULE_COROLLARY",
@@ -142,19 +142,23 @@ class MemoryProfile:
 
         With `accumulation_steps >= 2` the gradients of earlier micro-steps (and, in the
         loop as written, the previous micro-step's outputs) are alive during the forward
-        pass. With 1 they do not exist yet: the measured one-step line when there is one,
-        else the peak lower by the gradients (and at least the floor, reached when
-        backward has made every gradient and freed every activation). `keep_output=False`
+        pass. With 1 they do not exist yet: the peak lower by the gradients, at least the
+        floor (reached when backward has made every gradient and freed every activation)
+        and at least the measured one-step line when there is one. `keep_output=False`
         predicts the loop with `del predictions` (see `released`).
         """
         k = positive_int("accumulation_steps", accumulation_steps)
         p = self._loop(keep_output)
-        if k == 1 and (p.single_step_bytes or p.single_step_bytes_per_example):
-            return round(p.single_step_bytes + p.single_step_bytes_per_example * positive_int("b", b))
-        peak = (p.floor_bytes + p.other_bytes + p.other_bytes_per_example * b + p.activations(b))
-        if k == 1:
-            peak = max(peak - p.gradient_bytes, p.floor_bytes)
-        return round(peak)
+        peak = (p.floor_bytes + p.other_bytes + p.other_bytes_per_example * positive_int("b", b)
+                + p.activations(b))
+        if k >= 2:
+            return round(peak)
+        # K = 1: the accumulation line less the gradients (none exist during the first forward),
+        # and never below the measured one-step line. That line was fitted at small sizes, where
+        # the one-step peak can sit at the end of backward (gradients made, activations freed), so
+        # extrapolated alone it grows too slowly; the larger of the two holds in both regimes.
+        one = p.single_step_bytes + p.single_step_bytes_per_example * b
+        return round(max(peak - p.gradient_bytes, p.floor_bytes, one))
 
     def optimizer_peak(self, b: int, *, keep_output: bool = True) -> int:
         """Predicted peak of the optimizer step at micro-batch `b`."""
@@ -349,17 +353,35 @@ def _mb(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
-def _fits(profile: MemoryProfile, sizes: Sequence[int], effective_batch: int,
-          budget: float) -> tuple[int, int] | None:
+Verify = Callable[[int, int, bool], int]
+
+
+def _fits(profile: MemoryProfile, sizes: Sequence[int], effective_batch: int, budget: float,
+          verify: Verify | None, checkpoint: bool, skipped: list[str]) -> tuple[int, int] | None:
+    """The largest size whose predicted peak fits (and, with `verify`, whose checked peak fits too)."""
     for b in sizes:
-        peak = profile.predict_peak(b, accumulation_steps=effective_batch // b)
-        if peak <= budget:
-            return b, peak
+        k = effective_batch // b
+        peak = profile.predict_peak(b, accumulation_steps=k)
+        if peak > budget:
+            continue
+        if verify is not None:
+            checked = verify(b, k, checkpoint)
+            if checked > budget:
+                ck = ", checkpointed" if checkpoint else ""
+                skipped.append(f"{b} x {k}{ck} was predicted at {_mb(peak)} but checked at {_mb(checked)}")
+                continue
+        return b, peak
     return None
 
 
+def _skipped(skipped: list[str], budget: float) -> str:
+    return ("" if not skipped else f" Skipped, over the {_mb(budget)} budget when checked: "
+            f"{'; '.join(skipped)}.")
+
+
 def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
-              checkpointed: MemoryProfile | None = None, *, min_micro_batch: int = 1) -> Plan:
+              checkpointed: MemoryProfile | None = None, *, min_micro_batch: int = 1,
+              verify: Verify | None = None) -> Plan:
     """Choose micro-batch, accumulation steps and checkpointing for a memory budget.
 
     Applies `DECISION_RULE` to the profiles (step 1, the profiling, is `fit_profile`'s job):
@@ -371,7 +393,11 @@ def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
     - step 2: if nothing fits, raise.
 
     `min_micro_batch` is step 3's minimum: the smallest micro-batch that still keeps the device
-    busy enough for you. Each `Plan.reason` quotes the step that chose it. Raises `ValueError`
+    busy enough for you. Each `Plan.reason` quotes the step that chose it. `verify(b, k,
+    checkpoint)`, when given, returns the checked peak of a candidate that the profile predicts
+    to fit (e.g. a full profile of that configuration); a candidate whose checked peak is over
+    the budget is skipped, and the next smaller one is tried: the planner never refuses while a
+    smaller micro-batch fits. Raises `ValueError`
     for a budget or effective batch that is not positive, for a `min_micro_batch` above the
     effective batch, and when nothing fits: that message names the floor in bytes, says whether
     the floor, the optimizer step or the minimum micro-batch is what does not fit, and lists the
@@ -387,7 +413,8 @@ def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
         raise ValueError(f"min_micro_batch={min_micro_batch} is larger than effective_batch="
                          f"{effective_batch}; it must be at most the effective batch")
     sizes = [b for b in range(effective_batch, min_micro_batch - 1, -1) if effective_batch % b == 0]
-    found = _fits(plain, sizes, effective_batch, budget)
+    skipped: list[str] = []
+    found = _fits(plain, sizes, effective_batch, budget, verify, False, skipped)
     if found:
         b, peak = found
         k = effective_batch // b
@@ -395,21 +422,22 @@ def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
                if k == 1 else f"it is the largest micro-batch from {min_micro_batch} up, dividing "
                f"{effective_batch}, that fits without checkpointing, so accumulate {k} micro-steps and "
                "spend no recompute")
-        reason = f"Micro-batch {b}: {why} (predicted peak {_mb(peak)} of {_mb(budget)}). {_step(4)}"
+        reason = (f"Micro-batch {b}: {why} (predicted peak {_mb(peak)} of {_mb(budget)}). {_step(4)}"
+                  + _skipped(skipped, budget))
         return Plan(b, k, False, peak, reason, budget)
     smallest = plain.predict_peak(sizes[-1], accumulation_steps=effective_batch // sizes[-1])
     if checkpointed is not None:
-        found = _fits(checkpointed, sizes, effective_batch, budget)
+        found = _fits(checkpointed, sizes, effective_batch, budget, verify, True, skipped)
         if found:
             b, peak = found
             k = effective_batch // b
             reason = (f"Micro-batch {b} with checkpointing: without it even micro-batch {sizes[-1]} would "
                       f"peak at {_mb(smallest)}, over the {_mb(budget)} budget; checkpointing brings "
                       f"micro-batch {b} to {_mb(peak)}, and {k} accumulation steps make the batch of "
-                      f"{effective_batch}. {_step(5)}")
+                      f"{effective_batch}. {_step(5)}" + _skipped(skipped, budget))
             return Plan(b, k, True, peak, reason, budget)
     raise ValueError(_refusal(budget, effective_batch, sizes[-1], min_micro_batch, smallest, plain,
-                              checkpointed))
+                              checkpointed) + _skipped(skipped, budget))
 
 
 def _refusal(budget: float, effective_batch: int, b: int, min_micro_batch: int, smallest: float,
@@ -521,7 +549,7 @@ CAVEATS = {
 
 
 def remedy_floors(parameters: int, gradients: int, optimizer_state: int,
-                  workers: Sequence[int] = (2, 4)) -> list[RemedyFloor]:
+                  workers: Sequence[int] = (2, 4), *, precision: str = "fp32") -> list[RemedyFloor]:
     """The floor under each remedy, computed from the measured floor of fp32 Adam.
 
     `parameters`, `gradients` and `optimizer_state` are measured fp32 bytes (4, 4 and 8 per
@@ -531,12 +559,20 @@ def remedy_floors(parameters: int, gradients: int, optimizer_state: int,
     (no saving), pure bf16 8, bf16 Adam moments 12, offloaded optimizer state 8, ZeRO-1 over W
     workers 8 + 8/W, FSDP / ZeRO-3 16/W of persistent state. Sharding is measured for real in
     lesson 07.
+
+    `precision` is the mode the bytes were measured in: "fp32" or "bf16" (autocast over fp32
+    master weights: the same fp32 state, so the same rows; the mixed-precision row never drops
+    the fp32 master copy), or "pure-bf16" (2 + 2 + 4 bytes measured: the precision rows go, and
+    the first row is the measured pure-bf16 floor).
     """
+    choice("precision", precision, ("fp32", "bf16", "pure-bf16"))
     p, g, s = (positive_int(n, v) for n, v in (("parameters", parameters), ("gradients", gradients),
                                              ("optimizer_state", optimizer_state)))
     floor = p + g + s
+    first = {"fp32": "Adam, fp32 (measured)", "bf16": "Adam, bf16 mixed precision (measured)",
+             "pure-bf16": "Adam, pure bf16 (measured)"}[precision]
     rows = [
-        ("Adam, fp32 (measured)", floor, ""),
+        (first, floor, CAVEATS[PURE_BF16] if precision == "pure-bf16" else ""),
         ("SGD with momentum (one buffer)", p + g + s / 2, ""),
         ("SGD, no momentum (no state)", p + g, ""),
         (MIXED_PRECISION, p / 2 + g / 2 + p + s, CAVEATS[MIXED_PRECISION]),
@@ -544,6 +580,9 @@ def remedy_floors(parameters: int, gradients: int, optimizer_state: int,
         ("bf16 Adam state (fp32 weights and gradients)", p + g + s / 2, ""),
         ("optimizer state offloaded to CPU", p + g, ""),
     ]
+    if precision == "pure-bf16":  # already 16-bit: no precision row applies
+        rows = [r for r in rows if r[0] not in (MIXED_PRECISION, PURE_BF16,
+                                                "bf16 Adam state (fp32 weights and gradients)")]
     for w in (positive_int("workers[i]", w) for w in workers):
         rows.append((f"optimizer state sharded over {w} workers (ZeRO-1)", p + g + s / w, ""))
         rows.append((f"persistent state sharded over {w} workers ({FSDP})", floor / w, CAVEATS[FSDP]))

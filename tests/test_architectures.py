@@ -16,8 +16,16 @@ import os
 import pytest
 import torch
 
-from helpers import architectures as arch
-from helpers.architectures import PUBLISHED_PARAMETERS, RELEASED, ArchConfig, CausalLM, param_count, released
+from helpers import architectures_layers as layers
+from helpers.architectures import (
+    PUBLISHED_PARAMETERS,
+    RELEASED,
+    ArchConfig,
+    CausalLM,
+    block_activation_bytes,
+    param_count,
+    released,
+)
 from helpers.hf_configs import (
     copy_transformers_weights,
     hf_dict,
@@ -187,12 +195,12 @@ def test_the_comparison_sees_a_wrong_attention_call(monkeypatch: pytest.MonkeyPa
     cfg = SMALL["llama"]
     spec = BatchSpec.lm(SEQ, cfg.vocab_size)
     theirs = Profiler(functools.partial(transformers_causal_lm, hf_dict(cfg)), spec).step(MICRO)
-    original = arch._sdpa
+    original = layers._sdpa
 
     def always_repeat(module, q, k, v, mask, groups):  # noqa: ANN001, ANN202
-        return original(module, q, arch._repeat_kv(k, groups), arch._repeat_kv(v, groups), mask, 1)
+        return original(module, q, layers._repeat_kv(k, groups), layers._repeat_kv(v, groups), mask, 1)
 
-    monkeypatch.setattr(arch, "_sdpa", always_repeat)
+    monkeypatch.setattr(layers, "_sdpa", always_repeat)
     wrong = Profiler(functools.partial(CausalLM, cfg), spec).step(MICRO)
     off = wrong.breakdown["activations"] / theirs.breakdown["activations"] - 1
     assert off > 0.01, f"expanded K/V changed the activations by only {off:.2%}"
@@ -207,7 +215,7 @@ def test_block_activation_bytes_against_hand_counts(precision: str) -> None:
     h, i, heads = 256, 688, 4
     llama = ArchConfig("llama", 64, h, i, 2, heads, 128)
     gpt = GPTConfig(64, 128, h, heads, 2, dropout=0.0, fused_attention=True)
-    ours, project = (arch.block_activation_bytes(c, seq_len=64, precision=precision) for c in (llama, gpt))
+    ours, project = (block_activation_bytes(c, seq_len=64, precision=precision) for c in (llama, gpt))
     lse, stats = 4 * heads, 8  # attention's log-sum-exp per head; RMSNorm's rsqrt, LayerNorm's mean and rstd
     if precision == "fp32":
         # RMSNorm keeps x, x * rsqrt and its output (3h, twice); attention q, k, v, out (4h); SwiGLU 4i

@@ -528,3 +528,49 @@ def test_lessons_restate_the_rule_word_for_word(notebook: str) -> None:
     markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     for step in (*planner.DECISION_RULE, planner.RULE_COROLLARY):
         assert step in markdown, (notebook, step)
+
+
+def test_k1_forward_peak_follows_the_accumulation_line_less_the_gradients() -> None:
+    """PLANNER BUG (lesson 00): a one-step line fitted where the one-step peak sits at the end of backward
+    grows too slowly; K = 1 at a large micro-batch must follow the K >= 2 line less the gradients.
+
+    Worked by hand: floor 1,000 (of it gradients 300), activations 100 per example, no other; a one-step
+    line 1,200 + 10 b. At b = 50: K >= 2 peak 1,000 + 5,000 = 6,000; less the gradients 5,700; the
+    one-step line says 1,700. The larger, 5,700, is the K = 1 peak (the fix; before it, 1,700). At
+    b = 2: 1,200 - 300 = 900, the floor 1,000, the one-step line 1,220: the one-step line holds.
+    """
+    p = planner.MemoryProfile(floor_bytes=1000, gradient_bytes=300, other_bytes=0, other_bytes_per_example=0,
+                              activation_bytes_per_example=100, activation_intercept_bytes=0,
+                              optimizer_peak_bytes=1100, optimizer_bytes_per_example=0, method="hand",
+                              single_step_bytes=1200, single_step_bytes_per_example=10)
+    assert p.forward_peak(50, accumulation_steps=2) == 6000
+    assert p.forward_peak(50, accumulation_steps=1) == 5700
+    assert p.forward_peak(2, accumulation_steps=1) == 1220
+    assert p.predict_peak(2, accumulation_steps=1) == 1220
+    no_line = dataclasses.replace(p, single_step_bytes=0, single_step_bytes_per_example=0)
+    assert no_line.forward_peak(2, accumulation_steps=1) == 1000  # the floor, once every gradient exists
+
+
+def test_recommend_skips_a_candidate_that_fails_its_check() -> None:
+    """A candidate the fit says fits but the check puts over the budget is skipped; the next one is tried.
+
+    The profile predicts 1,000 + 10 b for every size, so with a budget of 1,200 it says 16 fits
+    (1,160). The check says 16 x 2 peaks at 1,300 (over) and 8 x 4 at 1,150 (fits): the plan is 8 x 4,
+    never a refusal.
+    """
+    p = _profile(floor_bytes=1000, gradient_bytes=0, other_bytes=0, other_bytes_per_example=0,
+                 activation_bytes_per_example=10, activation_intercept_bytes=0, optimizer_peak_bytes=0,
+                 optimizer_bytes_per_example=0)
+    checked = {16: 1300, 8: 1150, 4: 1100, 2: 1050, 1: 1020}
+    calls = []
+
+    def verify(b: int, k: int, ckpt: bool) -> int:
+        calls.append((b, k, ckpt))
+        return checked[b]
+
+    plan = planner.recommend(1200, 32, p, min_micro_batch=1, verify=verify)
+    assert (plan.micro_batch, plan.accumulation_steps, plan.checkpoint) == (8, 4, False)
+    assert calls == [(16, 2, False), (8, 4, False)]  # 32 is over by the fit itself: never checked
+    assert "16 x 2 was predicted at" in plan.reason and "checked at" in plan.reason
+    with pytest.raises(ValueError, match="Skipped"):
+        planner.recommend(1200, 32, p, min_micro_batch=16, verify=verify)
