@@ -6,8 +6,11 @@
   and the selective policies.
 - `count_flops`: FLOPs of a callable, from `torch.utils.flop_counter`; `blocks_forward_flops`:
   one forward of a GPT's blocks, the most a full recompute costs;
-  `interleaved_times`: warmed-up, interleaved timings with their spread (shown, never asserted).
-- `make_block_wrapper`: a `model.block_wrapper` for each policy in `POLICIES`.
+  (timing: `helpers.costs.interleaved_times`).
+- `apply_ac(model, mode, every)`: THE way to checkpoint a model's blocks, a context manager
+  (torchtitan's `apply_ac` style: one entry point, the policy as configuration), restored on exit;
+  `make_block_wrapper`: the `model.block_wrapper` it sets for a mode in `POLICIES`;
+  `blocks_of`: a model's repeated blocks (for models without `block_wrapper`).
 - `checkpoint_with`, `params_without_grad`: the reentrant trap (frozen inputs).
 - `make_chain`, `chain_layer_costs`, `segment_sweep`, `segment_sizes`: the sqrt(n)
   experiment with `checkpoint_sequential`, and its uneven last segment.
@@ -38,11 +41,20 @@ from helpers.saved_tensors import (
     attention_core_policy,
     save_matmul_outputs,
 )
-from helpers.validate import bool_arg, choice, instance_arg, int_at_least, int_in_range, positive_int
+from helpers.validate import (
+    bool_arg,
+    callable_arg,
+    choice,
+    instance_arg,
+    int_at_least,
+    int_in_range,
+    positive_int,
+)
 
 __all__ = [
     "CHAIN_KINDS", "EXERCISE_CHAIN", "POLICIES", "SegmentPoint", "chain_layer_costs", "checkpoint_with",
-    "divisors", "freeze_batchnorm_stats", "make_block_wrapper", "make_chain", "params_without_grad",
+    "apply_ac", "blocks_of", "divisors", "freeze_batchnorm_stats", "make_block_wrapper", "make_chain",
+    "params_without_grad",
     "segment_cost", "segment_sizes", "segment_sweep",
 ]
 
@@ -85,12 +97,79 @@ def make_block_wrapper(policy: str, every: int = 1) -> BlockWrapper | None:
         return {"context_fn": functools.partial(create_selective_checkpoint_contexts, chosen)}
 
     def wrapper(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        index = seen.setdefault(id(block), len(seen))
-        if index % every:
+        if every > 1 and seen.setdefault(id(block), len(seen)) % every:
             return block(x)
         return checkpoint(block, x, use_reentrant=False, **context_for(block, x))
 
     return wrapper
+
+
+def blocks_of(model: nn.Module) -> nn.ModuleList:
+    """The model's repeated blocks: its `nn.ModuleList` with the most parameters."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m)]
+    if not lists:
+        raise ValueError(
+            f"{type(model).__name__} has no nn.ModuleList of blocks to checkpoint; pass "
+            "checkpoint='none' or a model with a block_wrapper attribute"
+        )
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+
+
+@contextlib.contextmanager
+def apply_ac(
+    model: nn.Module, mode: str | BlockWrapper | None = "full", every: int = 1
+) -> Iterator[BlockWrapper | None]:
+    """Checkpoint `model`'s blocks while inside the `with` block; put everything back on exit.
+
+    A model with a `block_wrapper` attribute (the project's models) gets it set and restored
+    (in a `finally`, so also after an exception or an OOM). Any other model has each block of
+    `blocks_of(model)` called through the wrapper (extra arguments go on to the block).
+
+    Args:
+        model: the model whose blocks to checkpoint.
+        mode: "full" (keep only each block's input), "save-matmuls" or "attention-core"
+            (selective, see `make_block_wrapper`), "none" or None (the blocks run plain: a
+            `block_wrapper` already set is lifted while inside), or a `block_wrapper(block, x)`
+            callable of your own.
+        every: checkpoint every `every`-th block (1: all of them); only with a named mode and
+            a model with `block_wrapper`.
+
+    Returns:
+        A context manager; `with apply_ac(model) as wrapper:` gives the wrapper in use (None
+        for "none").
+    """
+    if mode is None or isinstance(mode, str):
+        wrapper = make_block_wrapper("none" if mode is None else mode, every)
+    else:
+        wrapper = callable_arg("mode", mode, f"one of {POLICIES} or a block_wrapper(block, x) callable")
+        if every != 1:
+            raise ValueError(f"every={every!r} needs a named mode (one of {POLICIES[1:]}), not a callable")
+    if hasattr(model, "block_wrapper"):
+        previous, model.block_wrapper = model.block_wrapper, wrapper
+        try:
+            yield wrapper
+        finally:
+            model.block_wrapper = previous
+        return
+    if wrapper is None:
+        yield None
+        return
+    if every != 1:
+        raise ValueError(f"every={every!r}: a model without block_wrapper has every block checkpointed "
+                         "(every=1)")
+    blocks = list(blocks_of(model))
+    for block in blocks:
+        forward = block.forward
+
+        def wrapped(x: torch.Tensor, *args: object, _fwd: Callable = forward, **kwargs: object) -> object:
+            return wrapper(lambda y: _fwd(y, *args, **kwargs), x)
+
+        block.forward = wrapped
+    try:
+        yield wrapper
+    finally:
+        for block in blocks:
+            del block.forward
 
 
 def checkpoint_with(fn: Callable[..., torch.Tensor], *args: object, reentrant: bool,

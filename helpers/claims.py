@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import torch
 
 from helpers import accumulation as acc
-from helpers import checkpointing, costs, formulas, pitfalls, tokens
+from helpers import costs, formulas, pitfalls, tokens
+from helpers.checkpointing import apply_ac
 from helpers.data import regression_batch, token_batch
 from helpers.device import lesson_scale
 from helpers.memory import micro_step_memory, new_live_bytes, record_timeline, saved_activation_bytes
@@ -225,12 +226,11 @@ def _rows(lab: Lab) -> list[ConfigMemory]:
     Each update runs its first two micro-steps and the optimizer step: from the second micro-step
     on every micro-step holds the same memory (C07 checks it), so the peak is that of all K.
     """
-    wrapper = checkpointing.make_block_wrapper("full")
     model = lab.lesson_model("01")
     return lab.once("rows", lambda: [
         measure_config(model, micro_batch=8, steps=4, max_micro_steps=2),
         measure_config(model, micro_batch=4, steps=8, max_micro_steps=2),
-        measure_config(model, micro_batch=4, steps=8, block_wrapper=wrapper, max_micro_steps=2)])
+        measure_config(model, micro_batch=4, steps=8, block_wrapper="full", max_micro_steps=2)])
 
 
 def _c_smaller_micro_batch(lab: Lab) -> Evidence:
@@ -256,11 +256,8 @@ def _ckpt_saved(lab: Lab) -> tuple[int, int]:
     idx, tgt = lab.lesson_tokens("02", deep_gpt_setup(lab.scale)[1])  # lesson 02's micro-batch
     model = lab.lesson_model("02")
     plain = saved_activation_bytes(lambda: lm_loss(model(idx), tgt))
-    model.block_wrapper = checkpointing.make_block_wrapper("full")
-    try:
+    with apply_ac(model):
         ckpt = saved_activation_bytes(lambda: lm_loss(model(idx), tgt))
-    finally:
-        model.block_wrapper = None
     return plain, ckpt
 
 
@@ -271,17 +268,14 @@ def _c_ckpt_saves(lab: Lab) -> Evidence:
                     "block checkpointed")
 
 
-def _grad_with(lab: Lab, wrapper: object) -> torch.Tensor:
+def _grad_with(lab: Lab, mode: str) -> torch.Tensor:
     idx, tgt = lab.tokens(4)
-    lab.model.block_wrapper = wrapper
-    try:
+    with apply_ac(lab.model, mode):
         return acc.full_batch_grad(lab.model, lm_loss, idx, tgt)
-    finally:
-        lab.model.block_wrapper = None
 
 
 def _c_ckpt_same_grads(lab: Lab) -> Evidence:
-    diff = acc.compare_grads(_grad_with(lab, None), _grad_with(lab, checkpointing.make_block_wrapper("full")))
+    diff = acc.compare_grads(_grad_with(lab, "none"), _grad_with(lab, "full"))
     return Evidence(diff.max_rel <= 1e-5, diff.max_rel, "max relative difference",
                     "gradients with and without checkpointing (dropout off, so no RNG to replay)")
 
@@ -295,12 +289,11 @@ def _c_ckpt_flops(lab: Lab) -> Evidence:
 
     region = costs.blocks_forward_flops(model, len(idx))  # one forward of the checkpointed region
     plain = costs.count_flops(step)
-    model.block_wrapper = checkpointing.make_block_wrapper("full")
-    try:
-        extra = costs.count_flops(step) - plain
-    finally:
-        model.block_wrapper = None
-        acc.clear_grads(model)
+    with apply_ac(model):
+        try:
+            extra = costs.count_flops(step) - plain
+        finally:
+            acc.clear_grads(model)
     forwards = extra / region
     return Evidence(0 < extra <= region, forwards, "forwards of the checkpointed blocks",
                     f"lesson 02's model: {extra:,} extra FLOPs per forward+backward; one forward of its "
@@ -313,11 +306,8 @@ def _c_ckpt_inference(lab: Lab) -> Evidence:
     model = lab.model
     with torch.no_grad():
         plain = new_live_bytes(lambda: model(idx))
-        model.block_wrapper = checkpointing.make_block_wrapper("full")
-        try:
+        with apply_ac(model):
             ckpt = new_live_bytes(lambda: model(idx))
-        finally:
-            model.block_wrapper = None
     return Evidence(plain == ckpt == 0, ckpt, "bytes kept",
                     f"under torch.no_grad(): {plain} B kept plain, {ckpt} B kept checkpointed")
 
@@ -461,22 +451,10 @@ def _c_tokens(lab: Lab) -> Evidence:
 
 
 def _c_launches(lab: Lab) -> Evidence:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        ops = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-            Count.ops += 1
-            return func(*args, **(kwargs or {}))
-
     x, y = lab.tokens(8)
     counts, flops = {}, {}
     for k in (1, 8):
-        Count.ops = 0
-        with Count():
-            acc.accumulated_grad(lab.model, lm_loss, x, y, 8 // k)
-        counts[k] = Count.ops
+        counts[k] = costs.count_ops(lambda k=k: acc.accumulated_grad(lab.model, lm_loss, x, y, 8 // k))
         flops[k] = costs.count_flops(
             lambda k=k: acc.accumulated_grad(lab.model, lm_loss, x, y, 8 // k))
     ratio = counts[8] / counts[1]

@@ -40,6 +40,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode
 
+from helpers.checkpointing import apply_ac, make_block_wrapper
 from helpers.memory import saved_activation_bytes
 from helpers.models import BlockWrapper
 from helpers.validate import callable_arg, number_in_range, tensor_arg
@@ -79,9 +80,8 @@ class RecomputePoint:
         return self.backward_flops - self.baseline_flops
 
 
-def full_checkpoint(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Lesson 02's full checkpoint of one block (a `model.block_wrapper`)."""
-    return checkpoint(block, x, use_reentrant=False)
+full_checkpoint: BlockWrapper = make_block_wrapper("full")  # type: ignore[assignment]
+"""Lesson 02's full checkpoint of one block (a `model.block_wrapper`): `apply_ac`'s "full" mode."""
 
 
 def selective(policy: Callable[..., object]) -> BlockWrapper:
@@ -180,7 +180,6 @@ def _run_blocks(model: nn.Module, h: torch.Tensor) -> torch.Tensor:
 
 
 def _clean(model: nn.Module, h: torch.Tensor) -> None:
-    model.block_wrapper = None  # type: ignore[assignment]
     model.zero_grad(set_to_none=True)
     h.grad = None
 
@@ -200,11 +199,11 @@ def _eager_backward_flops(model: nn.Module, h: torch.Tensor) -> int:
 
 
 def _baseline(model: nn.Module, h: torch.Tensor) -> int:
-    model.block_wrapper = None  # type: ignore[assignment]
-    try:
-        return _eager_backward_flops(model, h)
-    finally:
-        _clean(model, h)
+    with apply_ac(model, "none"):
+        try:
+            return _eager_backward_flops(model, h)
+        finally:
+            _clean(model, h)
 
 
 def eager_point(model: nn.Module, h: torch.Tensor, wrapper: BlockWrapper | None,
@@ -220,16 +219,16 @@ def eager_point(model: nn.Module, h: torch.Tensor, wrapper: BlockWrapper | None,
         label: the point's name in a figure.
 
     Returns:
-        The point; `model.block_wrapper` is restored to None and gradients cleared.
+        The point; `model.block_wrapper` is restored and gradients cleared.
     """
     tensor_arg("h", h)
     baseline = _baseline(model, h)
-    model.block_wrapper = wrapper  # type: ignore[assignment]
-    try:
-        saved = saved_activation_bytes(lambda: _run_blocks(model, h))
-        flops = _eager_backward_flops(model, h)
-    finally:
-        _clean(model, h)
+    with apply_ac(model, wrapper):
+        try:
+            saved = saved_activation_bytes(lambda: _run_blocks(model, h))
+            flops = _eager_backward_flops(model, h)
+        finally:
+            _clean(model, h)
     return RecomputePoint(label, saved, flops, baseline, compiled=False)
 
 
@@ -255,16 +254,16 @@ def compiled_point(model: nn.Module, h: torch.Tensor, budget: float = 1.0, *,
     notes: list[str] = []
     torch.compiler.reset()
     compiled = torch.compile(wrapper or _plain, backend=BACKEND)
-    model.block_wrapper = compiled  # type: ignore[assignment]
-    try:
-        with torch._functorch.config.patch(activation_memory_budget=float(budget)), _caught(notes):
-            _run_blocks(model, h).sum().backward()  # compiles forward and backward at this budget
-        model.zero_grad(set_to_none=True)
-        out = _run_blocks(model, h)
-        saved = saved_by_compiled(out, keep=_state(model, h))
-        flops = backward_flops(out)
-    finally:
-        _clean(model, h)
+    with apply_ac(model, compiled):
+        try:
+            with torch._functorch.config.patch(activation_memory_budget=float(budget)), _caught(notes):
+                _run_blocks(model, h).sum().backward()  # compiles forward and backward at this budget
+            model.zero_grad(set_to_none=True)
+            out = _run_blocks(model, h)
+            saved = saved_by_compiled(out, keep=_state(model, h))
+            flops = backward_flops(out)
+        finally:
+            _clean(model, h)
     return RecomputePoint(label or f"compiled, budget {budget:.2f}", saved, flops, baseline, compiled=True,
                           budget=float(budget), warnings=tuple(dict.fromkeys(notes)))
 

@@ -1,4 +1,11 @@
-"""What a step costs besides memory: FLOPs counted by torch, and wall-clock time, shown and never asserted."""
+"""What a step costs besides memory: FLOPs counted by torch, ops launched, and wall-clock time (shown,
+never asserted).
+
+- `count_flops(fn)`, `blocks_forward_flops(model, b)`: FLOPs from `torch.utils.flop_counter`.
+- `count_ops(fn)`: aten ops dispatched (kernel launches), with a `helpers.tracker.OpObserver`.
+- `interleaved_times(fns)` -> {name: `Timing`}: THE timing helper (warmed up, interleaved);
+  `Timing` holds seconds, and `Timing.per_second(n)` the same runs as a rate.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +17,12 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.device import synchronize
+from helpers.memory import run_or_oom
 from helpers.models import GPT, device_of
-from helpers.validate import callable_arg, instance_arg, int_at_least, positive_int
+from helpers.tracker import OpObserver
+from helpers.validate import bool_arg, callable_arg, instance_arg, int_at_least, positive_int
 
-__all__ = ["Timing", "blocks_forward_flops", "count_flops", "interleaved_times", "median_seconds"]
+__all__ = ["Timing", "blocks_forward_flops", "count_flops", "count_ops", "interleaved_times"]
 
 
 def count_flops(fn: Callable[[], object]) -> int:
@@ -25,6 +34,33 @@ def count_flops(fn: Callable[[], object]) -> int:
     with FlopCounterMode(display=False) as counter:
         fn()
     return int(counter.get_total_flops())
+
+
+class _OpCounter(OpObserver):
+    """Count the aten ops that run inside (each one a kernel launch on a GPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def observe(self, func, args, kwargs, out) -> None:  # noqa: ANN001
+        """One more op."""
+        self.ops += 1
+
+
+def count_ops(fn: Callable[[], object]) -> int:
+    """How many aten ops run while `fn()` runs (forward, backward and all).
+
+    Args:
+        fn: a zero-argument callable, the work to count.
+
+    Returns:
+        The number of aten ops dispatched, seen by a `helpers.tracker.OpObserver`.
+    """
+    callable_arg("fn", fn, "a zero-argument callable")
+    with _OpCounter() as counter:
+        fn()
+    return counter.ops
 
 
 def blocks_forward_flops(model: GPT, micro_batch: int) -> int:
@@ -43,7 +79,10 @@ def blocks_forward_flops(model: GPT, micro_batch: int) -> int:
 
 @dataclass(frozen=True)
 class Timing:
-    """Wall-clock seconds of repeated runs: the median and the spread (min and max)."""
+    """Wall-clock seconds of repeated runs: the median and the spread (min and max).
+
+    `per_second(n)` views the same runs as a rate (n things per second), e.g. examples per second.
+    """
 
     median: float
     low: float
@@ -54,6 +93,10 @@ class Timing:
         """The same timing multiplied by `factor` (e.g. K micro-steps per update)."""
         return Timing(self.median * factor, self.low * factor, self.high * factor, self.runs)
 
+    def per_second(self, n: float) -> Timing:
+        """The same runs as `n` per second: `low` from the slowest run, `high` from the fastest."""
+        return Timing(n / self.median, n / self.high, n / self.low, self.runs)
+
     def describe(self) -> str:
         """E.g. '12.3 ms (min-max 11.9-14.0 ms, 5 runs)'."""
         return (f"{1e3 * self.median:.1f} ms (min-max {1e3 * self.low:.1f}-{1e3 * self.high:.1f} ms, "
@@ -62,7 +105,7 @@ class Timing:
 
 def interleaved_times(
     fns: Mapping[str, Callable[[], object]], *, device: torch.device | str = "cpu",
-    repeats: int = 5, warmup: int = 1,
+    repeats: int = 5, warmup: int = 1, skip_oom: bool = False,
 ) -> dict[str, Timing]:
     """Time each callable `repeats` times, interleaved, after `warmup` untimed runs of each.
 
@@ -70,48 +113,48 @@ def interleaved_times(
     on odd ones, so a slow spell of a shared machine hits all of them alike. On
     CUDA the device is synchronized around each run. Timings are for showing:
     on a shared CPU they are noisy, and lessons never assert on them.
+
+    Args:
+        fns: name -> zero-argument callable, the work to time.
+        device: the device to synchronize around each run.
+        repeats: timed runs of each callable (>= 1).
+        warmup: untimed runs of each callable first (>= 0).
+        skip_oom: drop a callable that runs out of CUDA memory (`helpers.memory.run_or_oom`)
+            from then on; it is left out of the result. Otherwise the error propagates.
+
+    Returns:
+        name -> `Timing` (median, min and max seconds of its timed runs).
     """
     if not fns or not all(callable(f) for f in fns.values()):
         raise ValueError(f"fns must be a non-empty mapping of name -> callable, got {fns!r}")
     int_at_least("repeats", repeats, 1)
     int_at_least("warmup", warmup, 0)
+    bool_arg("skip_oom", skip_oom)
     device = torch.device(device)
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
+    alive = list(fns)
+
+    def ran(name: str) -> bool:
+        if not skip_oom:
             fns[name]()
-    samples: dict[str, list[float]] = {name: [] for name in names}
+            return True
+        return run_or_oom(lambda: (fns[name](), True)[1]) is not None
+
+    for _ in range(warmup):
+        for name in list(alive):
+            if not ran(name):
+                alive.remove(name)
+    samples: dict[str, list[float]] = {name: [] for name in alive}
     for r in range(repeats):
-        for name in names if r % 2 == 0 else names[::-1]:
+        for name in list(alive) if r % 2 == 0 else alive[::-1]:
             synchronize(device)
             start = time.perf_counter()
-            fns[name]()
+            if not ran(name):
+                alive.remove(name)
+                continue
             synchronize(device)
             samples[name].append(time.perf_counter() - start)
     out = {}
-    for name, times in samples.items():
-        times.sort()
+    for name in alive:
+        times = sorted(samples[name])
         out[name] = Timing(times[len(times) // 2], times[0], times[-1], len(times))
     return out
-
-
-def median_seconds(
-    fn: Callable[[], object], *, device: torch.device, repeats: int = 5, warmup: int = 1
-) -> float:
-    """Median wall-clock seconds of `fn()` over `repeats` runs after `warmup` runs.
-
-    On CUDA the device is synchronized before each clock read.
-    """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats=} {warmup=}")
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]

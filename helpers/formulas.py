@@ -19,7 +19,7 @@ __all__ = [
     "FP32", "KORTHIKANTI", "QUADRATIC_TERMS", "LinearFit", "activation_bytes_per_example",
     "convnet_activation_bytes", "convnet_param_count", "gpt_activation_bytes", "gpt_param_count",
     "gpt_step_peak_bytes", "held_logits_bytes_per_example", "korthikanti_activation_bytes",
-    "korthikanti_terms", "linear_fit", "meta_param_count", "mlp_activation_bytes", "param_counts",
+    "korthikanti_terms", "linear_fit", "mlp_activation_bytes", "param_counts",
     "predicted_step_peak_bytes", "predicted_update_peak_bytes",
 ]
 
@@ -205,12 +205,6 @@ def gpt_param_count(cfg: GPTConfig) -> int:
     return (cfg.vocab_size + cfg.seq_len) * h + cfg.n_layers * block + 2 * h + h * cfg.vocab_size
 
 
-def _gpt_params(cfg: GPTConfig) -> int:
-    h, v = cfg.d_model, cfg.vocab_size
-    per_block = 12 * h * h + 13 * h  # qkv, proj, fc, fc_out with biases; two LayerNorms
-    return v * h + cfg.seq_len * h + cfg.n_layers * per_block + 2 * h + h * v
-
-
 def gpt_step_peak_bytes(cfg: GPTConfig, b: int) -> float:
     """16 bytes per parameter (fp32 weights, gradients, Adam's two moments) + activations.
 
@@ -222,12 +216,7 @@ def gpt_step_peak_bytes(cfg: GPTConfig, b: int) -> float:
     layer = sum(korthikanti_terms(s=s, b=b, h=h, a=a, act_bytes=4, mask_bytes=4,
                                   dropout=cfg.dropout > 0).values())
     logits = 3 * b * s * cfg.vocab_size * 4
-    return 16 * _gpt_params(cfg) + (cfg.n_layers + 1) * layer + logits
-
-
-def meta_param_count(cfg: GPTConfig) -> int:
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):
-        return sum(p.numel() for p in GPT(cfg).parameters())
+    return 16 * gpt_param_count(cfg) + (cfg.n_layers + 1) * layer + logits
 
 
 def predicted_step_peak_bytes(cfg: GPTConfig, n_seqs: int) -> int:
@@ -242,7 +231,7 @@ def predicted_step_peak_bytes(cfg: GPTConfig, n_seqs: int) -> int:
     """
     positive_int("n_seqs", n_seqs)
     per_seq = activation_bytes_per_example(cfg) + 2 * 4 * cfg.seq_len * cfg.vocab_size
-    return 16 * meta_param_count(cfg) + n_seqs * per_seq
+    return 16 * gpt_param_count(cfg) + n_seqs * per_seq
 
 
 def korthikanti_activation_bytes(cfg: GPTConfig, micro_batch: int, *, recompute: bool,

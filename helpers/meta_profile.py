@@ -60,8 +60,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import _engine_run_backward
 from torch.overrides import TorchFunctionMode
-from torch.utils.checkpoint import checkpoint
 
+from helpers.checkpointing import apply_ac, blocks_of
 from helpers.kernel_buffers import attention_backward_buffer_bytes, kernel_buffers, rng_states_counted
 from helpers.memory import MemoryTracker, Timeline, tracked_run
 from helpers.models import BlockWrapper
@@ -83,7 +83,6 @@ __all__ = [
     "StepProfile",
     "attention_backward_buffer_bytes",
     "blocks_of",
-    "checkpointed_blocks",
 ]
 
 TARGETS = ("cpu", "cuda")
@@ -165,10 +164,6 @@ class BatchSpec:
 # ---------------------------------------------------------------------------
 
 
-def _checkpoint_block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return checkpoint(block, x, use_reentrant=False)
-
-
 @contextlib.contextmanager
 def _meta_rng_module() -> Iterator[None]:
     """Let checkpoint's recompute fork the RNG of meta tensors on older torch.
@@ -187,57 +182,6 @@ def _meta_rng_module() -> Iterator[None]:
         yield
     finally:
         del torch.meta  # type: ignore[attr-defined]
-
-
-def blocks_of(model: nn.Module) -> nn.ModuleList:
-    """The model's repeated blocks: its `nn.ModuleList` with the most parameters."""
-    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m)]
-    if not lists:
-        raise ValueError(
-            f"{type(model).__name__} has no nn.ModuleList of blocks to checkpoint; pass "
-            "checkpoint='none' or a model with a block_wrapper attribute"
-        )
-    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
-
-
-@contextlib.contextmanager
-def checkpointed_blocks(model: nn.Module, checkpoint_: str | BlockWrapper) -> Iterator[None]:
-    """Checkpoint the model's blocks while inside: 'blocks', or a `block_wrapper(block, x)` of your own.
-
-    A model with a `block_wrapper` attribute (the project's models) gets it set; any
-    other model has each block of `blocks_of(model)` called through the wrapper
-    (extra arguments are passed on to the block). 'none' changes nothing.
-    """
-    if checkpoint_ == "none":
-        yield
-        return
-    wrapper = (
-        _checkpoint_block
-        if checkpoint_ == "blocks"
-        else callable_arg("checkpoint", checkpoint_, "'none', 'blocks' or a block_wrapper(block, x) callable")
-    )
-    if isinstance(checkpoint_, str) and checkpoint_ not in CHECKPOINTS:
-        choice("checkpoint", checkpoint_, CHECKPOINTS)
-    if hasattr(model, "block_wrapper"):
-        previous, model.block_wrapper = model.block_wrapper, wrapper
-        try:
-            yield
-        finally:
-            model.block_wrapper = previous
-        return
-    blocks = list(blocks_of(model))
-    for block in blocks:
-        forward = block.forward
-
-        def wrapped(x: torch.Tensor, *args: object, _fwd: Callable = forward, **kwargs: object) -> object:
-            return wrapper(lambda y: _fwd(y, *args, **kwargs), x)
-
-        block.forward = wrapped
-    try:
-        yield
-    finally:
-        for block in blocks:
-            del block.forward
 
 
 # ---------------------------------------------------------------------------
@@ -647,7 +591,9 @@ class Profiler:
         )
         k = len(batches)
         self.optimizer.zero_grad(set_to_none=True)
-        with checkpointed_blocks(self.model, wrapper):
+        blocks = contextlib.nullcontext() if wrapper == "none" else apply_ac(
+            self.model, "full" if wrapper == "blocks" else wrapper)
+        with blocks:
             for i, (x, y) in enumerate(batches):
                 with autocast, rule.forward() if rule is not None else contextlib.nullcontext():
                     predictions = self.model(x)

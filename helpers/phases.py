@@ -6,7 +6,7 @@ which phase sets it, because the optimizer step's temporaries can bind at small 
 - `measure_phases(update, model=, optimizer=)` -> `PhaseMemory`: both phase peaks, each with
   its breakdown; it reads like a `StepMemory`, so `helpers.planner.fit_profile` takes either.
 - `UpdateMeasurer(model)`: `measurer(b)` measures one accumulation update at micro-batch `b`
-  of token sequences, with or without checkpointing (`checkpoint_every_block`).
+  of token sequences, with or without checkpointing (`helpers.checkpointing.apply_ac`).
 - `accumulate_update`: the accumulation loop being measured, the explainer's loop as the
   notebook writes it: `predictions` and `loss` stay bound until the next micro-step
   reassigns them, so one micro-step's logits are alive during the next one's forward pass,
@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
+from helpers.checkpointing import apply_ac
 from helpers.data import token_batch
 from helpers.memory import (
     MemoryTracker,
@@ -44,13 +44,8 @@ from helpers.validate import callable_arg, int_at_least, positive_int
 
 __all__ = [
     "ConfigMemory", "PhaseMemory", "UpdateMeasurer", "accumulate_update", "activation_sweep", "breakdown_for",
-    "checkpoint_every_block", "measure_config", "measure_phases", "measure_update", "phase_peaks",
+    "measure_config", "measure_phases", "measure_update", "phase_peaks",
 ]
-
-
-def checkpoint_every_block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A `model.block_wrapper` that checkpoints each block (non-reentrant)."""
-    return checkpoint(block, x, use_reentrant=False)
 
 
 def accumulate_update(
@@ -233,7 +228,7 @@ class UpdateMeasurer:
 
     It keeps one optimizer (a name in `OPTIMIZERS`, or an existing optimizer of `model`
     to share), warmed up once so that its state exists, and sets `model.block_wrapper`
-    to `checkpoint_every_block` while measuring when `checkpointed` is true. With
+    to `helpers.checkpointing.apply_ac`'s "full" mode while measuring when `checkpointed` is true. With
     `steps >= 2` the gradients of the previous micro-steps (and the previous micro-step's
     outputs, which the loop's `predictions` variable still holds) are alive during each
     forward pass, as in any accumulation update; the peak is then the same for every
@@ -267,14 +262,11 @@ class UpdateMeasurer:
         """A zero-argument update (with this measurer's checkpointing) for `micro_batch` x `steps`."""
         positive_int("micro_batch", micro_batch)
         batches = self.batches(micro_batch, positive_int("steps", self.steps if steps is None else steps))
-        wrapper = checkpoint_every_block if self.checkpointed else None
+        mode = "full" if self.checkpointed else "none"
 
         def update() -> None:
-            previous, self.model.block_wrapper = self.model.block_wrapper, wrapper
-            try:
+            with apply_ac(self.model, mode):
                 accumulate_update(self.model, self.optimizer, batches)
-            finally:
-                self.model.block_wrapper = previous
 
         return update
 
@@ -315,7 +307,7 @@ class ConfigMemory:
 
 def measure_update(
     model: GPT, *, micro_batch: int, steps: int, optimizer: str = "adam",
-    block_wrapper: BlockWrapper | None = None, seed: int = 0, max_micro_steps: int | None = None,
+    block_wrapper: str | BlockWrapper | None = None, seed: int = 0, max_micro_steps: int | None = None,
 ) -> StepMemory:
     """Measure one accumulation update of `steps` micro-batches of `micro_batch` examples.
 
@@ -325,8 +317,9 @@ def measure_update(
     micro-step on the gradients are alive next to the activations. It is the
     explainer's loop as written: `predictions` and `loss` stay bound until the next
     micro-step reassigns them, and the last ones through the optimizer step.
-    `block_wrapper` (for example a checkpoint call) is set on the model for the
-    duration.
+    `block_wrapper` (a wrapper such as a checkpoint call, or a mode of
+    `helpers.checkpointing.apply_ac` such as "full"; None: plain) is applied with `apply_ac`
+    for the duration.
 
     `max_micro_steps` (>= 2) runs only that many of the `steps` micro-steps. Every
     micro-step from the second on holds the same memory (same shapes, gradients
@@ -341,8 +334,6 @@ def measure_update(
     opt = make_optimizer(optimizer, model)
     real_steps = steps if max_micro_steps is None else min(steps, max_micro_steps)
     batches = [_batch(model, micro_batch, seed + i) for i in range(real_steps)]
-    previous, model.block_wrapper = model.block_wrapper, block_wrapper
-
     def update(micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         opt.zero_grad(set_to_none=True)
         for idx, targets in micro_batches:
@@ -352,17 +343,17 @@ def measure_update(
             (loss / steps).backward()
         opt.step()
 
-    try:
-        update(batches[:1])  # warm-up: optimizer state now exists
-        return measure_step(lambda: update(batches), model=model, optimizer=opt)
-    finally:
-        model.block_wrapper = previous
-        opt.zero_grad(set_to_none=True)
+    with apply_ac(model, block_wrapper):
+        try:
+            update(batches[:1])  # warm-up: optimizer state now exists
+            return measure_step(lambda: update(batches), model=model, optimizer=opt)
+        finally:
+            opt.zero_grad(set_to_none=True)
 
 
 def measure_config(
     model: GPT, *, micro_batch: int, steps: int, optimizer: str = "adam",
-    block_wrapper: BlockWrapper | None = None, seed: int = 0, max_micro_steps: int | None = None,
+    block_wrapper: str | BlockWrapper | None = None, seed: int = 0, max_micro_steps: int | None = None,
 ) -> ConfigMemory:
     """`measure_update` summarised as a row of the explainer's table."""
     mem = measure_update(model, micro_batch=micro_batch, steps=steps, optimizer=optimizer,

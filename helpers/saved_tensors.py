@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import CheckpointPolicy
 
 from helpers.memory import saved_activation_bytes
+from helpers.tracker import OpObserver
 from helpers.validate import callable_arg, instance_arg, int_at_least, tensor_arg
 
 __all__ = [
@@ -242,16 +242,15 @@ def attention_core_policy(batch: int, n_heads: int) -> Policy:
     return policy
 
 
-class _Origins(TorchDispatchMode):
+class _Origins(OpObserver):
     """Remember, for every storage an op allocates, the op's name (the last op to allocate there)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.origin: dict[int, str] = {}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+    def observe(self, func, args, kwargs, out) -> None:  # noqa: ANN001
+        """Name the op as the origin of each storage it newly allocated."""
         inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
                   if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
@@ -259,7 +258,6 @@ class _Origins(TorchDispatchMode):
                 ptr = t.untyped_storage().data_ptr()
                 if ptr not in inputs:  # a new allocation, not a view or an in-place result
                     self.origin[ptr] = func.overloadpacket.__name__
-        return out
 
 
 def saved_tensor_bytes(forward: Callable[[], torch.Tensor], model: nn.Module) -> dict[tuple[str, str], int]:

@@ -70,8 +70,8 @@ from helpers.device import TENSOR_TRACKER
 from helpers.held_outputs import output_tensors, saving_nodes
 
 __all__ = [
-    "CATEGORIES", "KernelBuffers", "MemoryTracker", "Timeline", "build_timeline", "release_point",
-    "tensors_in",
+    "CATEGORIES", "KernelBuffers", "MemoryTracker", "OpObserver", "Timeline", "build_timeline",
+    "release_point", "tensors_in",
 ]
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
@@ -156,7 +156,29 @@ def _storage_key(t: torch.Tensor) -> tuple[int, torch.UntypedStorage] | None:
     return st._cdata, st
 
 
-class MemoryTracker(TorchDispatchMode):
+class OpObserver(TorchDispatchMode):
+    """The one `TorchDispatchMode` base of the project: run each aten op, then show it to `observe`.
+
+    Use a subclass as a context manager; every aten op run inside it (forward, backward,
+    optimizer step) is run unchanged and then passed to `observe(func, args, kwargs, out)`.
+    `self.window` holds the op's (start, end) in `time.time_ns()`.
+    """
+
+    window: tuple[int, int] = (0, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        t0 = time.time_ns()
+        out = func(*args, **kwargs)
+        self.window = (t0, time.time_ns())
+        self.observe(func, args, kwargs, out)
+        return out
+
+    def observe(self, func: object, args: tuple, kwargs: dict, out: object) -> None:
+        """Look at one op that just ran (`func` is its `torch._ops.OpOverload`); override this."""
+
+
+class MemoryTracker(OpObserver):
     """Track live tensor storages, by category, over a region of code.
 
     Use it as a context manager. Pass `model` (and `optimizer`) so that their
@@ -286,12 +308,10 @@ class MemoryTracker(TorchDispatchMode):
                 for t in tensors_in(state):
                     self._watch(t, "optimizer_state", "optimizer")
 
-    # -- TorchDispatchMode -------------------------------------------------
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        kwargs = kwargs or {}
-        t0 = time.time_ns()
-        out = func(*args, **kwargs)
-        t1 = time.time_ns()
+    # -- OpObserver ---------------------------------------------------------
+    def observe(self, func, args, kwargs, out) -> None:  # noqa: ANN001
+        """Count what the op allocated (a new storage) as live from this op on."""
+        t0, t1 = self.window
         self.clock += 1
         phase = self._phase()
         self.ops.append(func.overloadpacket.__name__)
@@ -311,7 +331,6 @@ class MemoryTracker(TorchDispatchMode):
                     self._ignore(t)  # a view or in-place result of a pre-existing tensor
                     continue
             self._watch(t, None, phase, found)
-        return out
 
     def _kernel_buffers(self, found: int | tuple[int, int], phase: str, t0: int, t1: int) -> None:
         inside, held = found if isinstance(found, tuple) else (found, 0)

@@ -44,6 +44,61 @@ def test_block_wrapper_arguments() -> None:
         ckpt.make_block_wrapper("full", every=0)
 
 
+def test_apply_ac_sets_and_restores_the_block_wrapper() -> None:
+    model, idx, targets = _gpt(n_layers=4, dropout=0.0)
+    own = ckpt.make_block_wrapper("save-matmuls")
+    model.block_wrapper = own
+    plain = saved_activation_bytes(lambda: lm_loss(GPT(model.cfg)(idx), targets))
+    with ckpt.apply_ac(model) as wrapper:
+        assert model.block_wrapper is wrapper and wrapper is not own
+        full = saved_activation_bytes(lambda: _loss(model, idx, targets))
+    assert model.block_wrapper is own
+    assert full < 0.5 * plain
+    with ckpt.apply_ac(model, "none") as wrapper:
+        assert wrapper is None and model.block_wrapper is None  # "none": the blocks run plain
+    with pytest.raises(RuntimeError, match="inside"), ckpt.apply_ac(model, "attention-core"):
+        raise RuntimeError("inside")
+    assert model.block_wrapper is own  # restored after an exception too
+    with ckpt.apply_ac(model, own) as wrapper:
+        assert wrapper is own
+    for bad, kwargs, msg in [("some", {}, "policy"), ("full", {"every": 0}, "every"),
+                             (own, {"every": 2}, "named mode"), (3, {}, "mode must be")]:
+        with pytest.raises((ValueError, TypeError), match=msg), ckpt.apply_ac(model, bad, **kwargs):
+            pass
+    assert model.block_wrapper is own
+
+
+def test_apply_ac_wraps_the_blocks_of_a_model_without_block_wrapper() -> None:
+    net = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)]))
+    calls = []
+    with ckpt.apply_ac(net, lambda block, x: (calls.append(1), block(x))[1]):
+        assert all("forward" in vars(b) for b in net[0])
+        for block in net[0]:
+            block(torch.ones(2, 4))
+    assert len(calls) == 3 and not any("forward" in vars(b) for b in net[0])
+    with ckpt.apply_ac(net, "none"):
+        assert not any("forward" in vars(b) for b in net[0])
+    with pytest.raises(ValueError, match="every=2"), ckpt.apply_ac(net, "full", every=2):
+        pass
+    with pytest.raises(ValueError, match="no nn.ModuleList"), ckpt.apply_ac(torch.nn.Linear(2, 2)):
+        pass
+
+
+def test_full_mode_is_non_reentrant() -> None:
+    """Non-reentrant checkpointing gives the block's weights their gradient even when the input
+    needs none, and works with `torch.autograd.grad`; the reentrant variant does neither.
+    Expected: d/dW sum(W x + b) over rows = column sums of x, for every output row."""
+    full = ckpt.make_block_wrapper("full")
+    torch.manual_seed(0)
+    block = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    full(block, x).sum().backward()
+    assert block.weight.grad is not None
+    torch.testing.assert_close(block.weight.grad, x.sum(0).expand(8, 8))
+    (gw,) = torch.autograd.grad(full(block, x).sum(), [block.weight])
+    torch.testing.assert_close(gw, x.sum(0).expand(8, 8))
+
+
 def test_full_and_selective_checkpointing() -> None:
     model, idx, targets = _gpt(n_layers=4)
     saved, extra, grads = {}, {}, {}

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from helpers import costs
-from helpers.costs import median_seconds
 from helpers.models import GPT, GPTConfig
 
 
@@ -85,12 +84,23 @@ def test_interleaved_times_defaults_one_warmup_and_five_runs() -> None:
     assert len(calls) == 1 + 5 and times["a"].runs == 5
 
 
-def test_median_seconds() -> None:
+def test_one_callable_and_its_per_second_view() -> None:
     calls = []
-    t = median_seconds(lambda: calls.append(1), device=torch.device("cpu"), repeats=3, warmup=2)
-    assert len(calls) == 5 and t >= 0
-    with pytest.raises(ValueError, match="repeats"):
-        median_seconds(lambda: None, device=torch.device("cpu"), repeats=0)
+    t = costs.interleaved_times({"f": lambda: calls.append(1)}, device="cpu", repeats=3, warmup=2)
+    assert len(calls) == 5 and t["f"].median >= 0
+    rate = costs.Timing(2.0, 1.0, 4.0, 3).per_second(8)
+    assert rate == costs.Timing(4.0, 2.0, 8.0, 3)  # low from the slowest run, high from the fastest
+
+
+def test_skip_oom_drops_what_runs_out_of_memory() -> None:
+    def oom() -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    calls: list[str] = []
+    times = costs.interleaved_times({"ok": lambda: calls.append("ok"), "oom": oom}, repeats=3, skip_oom=True)
+    assert list(times) == ["ok"] and times["ok"].runs == 3 and len(calls) == 4
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        costs.interleaved_times({"oom": oom})
 
 
 class _StepClock:
@@ -115,10 +125,20 @@ class _StepClock:
         ([100.0, 7.0], 1, 7.0),
     ],
 )
-def test_median_seconds_with_a_fake_clock(
+def test_the_median_of_one_callable_with_a_fake_clock(
     monkeypatch: pytest.MonkeyPatch, durations: list[float], repeats: int, expected: float
 ) -> None:
     clock = _StepClock(durations)
     monkeypatch.setattr(costs.time, "perf_counter", clock.perf_counter)
-    assert median_seconds(clock.step, device=torch.device("cpu"), repeats=repeats, warmup=1) == expected
+    times = costs.interleaved_times({"f": clock.step}, device=torch.device("cpu"), repeats=repeats, warmup=1)
+    assert times["f"].median == expected
     assert clock.calls == repeats + 1
+
+
+def test_count_ops_counts_each_aten_op_once() -> None:
+    x = torch.ones(3)
+    assert costs.count_ops(lambda: None) == 0
+    assert costs.count_ops(lambda: x + 1) == 1
+    assert costs.count_ops(lambda: (x + 1) * 2) == 2
+    with pytest.raises(TypeError, match="fn"):
+        costs.count_ops(3)  # type: ignore[arg-type]

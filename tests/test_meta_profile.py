@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.meta_profile import BatchSpec, Profiler, blocks_of, checkpointed_blocks, cuda_kernel
+from helpers.checkpointing import apply_ac
+from helpers.meta_profile import BatchSpec, Profiler, blocks_of, cuda_kernel
 from helpers.models import GPT, GPTConfig
 
 # -- models the planner has never seen ---------------------------------------------------------
@@ -143,7 +144,7 @@ def test_user_wrapper_and_generic_blocks() -> None:
     assert calls and custom.peak_bytes == blocks.peak_bytes
     model = _MLP()
     assert blocks_of(model) is model.layers
-    with checkpointed_blocks(model, "blocks"):
+    with apply_ac(model):
         assert "forward" in vars(model.layers[0])
     assert "forward" not in vars(model.layers[0])
     with pytest.raises(ValueError, match="no nn.ModuleList"):

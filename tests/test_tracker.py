@@ -315,3 +315,22 @@ def test_watch_counts_a_tensor_made_outside_any_op_on_any_device() -> None:
     assert counted == state.numel()
     with pytest.raises(ValueError, match="role must be one of"):
         tracker.watch(state, "weights")
+
+
+def test_op_observer_sees_each_op_after_it_ran() -> None:
+    from helpers.tracker import OpObserver
+
+    class Seen(OpObserver):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[tuple[str, tuple[int, ...]]] = []
+
+        def observe(self, func, args, kwargs, out) -> None:  # noqa: ANN001
+            assert self.window[0] <= self.window[1]
+            self.seen.append((func.overloadpacket.__name__, tuple(out.shape)))
+
+    x = torch.ones(2, 3)
+    with Seen() as seen:
+        y = (x @ x.T).relu()  # the transpose is one op (its name varies by torch version), then mm, relu
+    assert [op for op, _ in seen.seen][-2:] == ["mm", "relu"] and seen.seen[-1][1] == (2, 2)
+    assert torch.equal(y, torch.full((2, 2), 3.0))  # results pass through unchanged

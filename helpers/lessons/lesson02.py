@@ -11,7 +11,14 @@ import torch
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from helpers import plots
-from helpers.checkpointing import EXERCISE_CHAIN, chain_layer_costs, divisors, make_chain, segment_sweep
+from helpers.checkpointing import (
+    EXERCISE_CHAIN,
+    apply_ac,
+    chain_layer_costs,
+    divisors,
+    make_chain,
+    segment_sweep,
+)
 from helpers.costs import Timing, count_flops, interleaved_times
 from helpers.data import token_batch
 from helpers.device import SCALES, by_scale
@@ -19,7 +26,6 @@ from helpers.formulas import KORTHIKANTI, gpt_step_peak_bytes, korthikanti_terms
 from helpers.memory import StepMemory, run_or_oom, saved_activation_bytes
 from helpers.models import (
     GPT,
-    BlockWrapper,
     GPTBlock,
     GPTConfig,
     deep_gpt_setup,
@@ -169,25 +175,22 @@ class TradeOffLab:
         self._micro: dict[int, tuple[int, int, Timing, Timing]] = {}
 
     @staticmethod
-    def wrapper(checkpointed: bool) -> BlockWrapper | None:
-        """The block wrapper: `checkpoint(block, x, use_reentrant=False)` or None."""
-        if not checkpointed:
-            return None
-        return lambda block, x: checkpoint(block, x, use_reentrant=False)
+    def mode(checkpointed: bool) -> str:
+        """The `apply_ac` mode: "full" (`checkpoint(block, x, use_reentrant=False)`) or "none"."""
+        return "full" if checkpointed else "none"
 
     def micro_step(self, micro_batch: int, checkpointed: bool) -> Callable[[], None]:
         """One forward + backward of `micro_batch` examples (gradients cleared after)."""
         cfg, model = self.model.cfg, self.model
         idx, targets = token_batch(micro_batch, cfg.seq_len, cfg.vocab_size, seed=0, device=device_of(model))
-        wrapper = self.wrapper(checkpointed)
+        mode = self.mode(checkpointed)
 
         def step() -> None:
-            previous, model.block_wrapper = model.block_wrapper, wrapper
-            try:
-                lm_loss(model(idx), targets).backward()
-            finally:
-                model.block_wrapper = previous
-                model.zero_grad(set_to_none=True)
+            with apply_ac(model, mode):
+                try:
+                    lm_loss(model(idx), targets).backward()
+                finally:
+                    model.zero_grad(set_to_none=True)
 
         return step
 
@@ -210,7 +213,7 @@ class TradeOffLab:
         if key not in self._memory:
             mem = run_or_oom(lambda: measure_update(self.model, micro_batch=micro_batch, steps=key[1],
                                                     optimizer=self.optimizer,
-                                                    block_wrapper=self.wrapper(checkpointed)))
+                                                    block_wrapper=self.mode(checkpointed)))
             if mem is None:
                 return None
             self._memory[key] = mem

@@ -21,7 +21,6 @@ The gradient API itself (`flat_grad`, `full_batch_grad`, `accumulated_grad`,
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -40,7 +39,8 @@ from helpers.accumulation import (
     compare_grads,
     full_batch_grad,
 )
-from helpers.device import by_scale, synchronize
+from helpers.costs import Timing, interleaved_times
+from helpers.device import by_scale
 from helpers.formulas import gpt_activation_bytes, gpt_param_count
 from helpers.lessons import verdict
 from helpers.memory import MicroStepMemory, micro_step_memory, run_or_oom, saved_activation_bytes
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 __all__ = [
-    "LessonSizes", "Timing", "check_exercise_1", "check_exercise_2", "check_exercise_3", "check_exercise_4",
+    "LessonSizes", "check_exercise_1", "check_exercise_2", "check_exercise_3", "check_exercise_4",
     "gradient_error", "lesson_sizes", "plot_micro_step_memory", "predicted_peak_bytes", "scatter_grads",
     "show_gradient_error", "show_micro_step_memory", "throughput_sweep", "widget_latency_cases",
 ]
@@ -161,27 +161,17 @@ def plot_micro_step_memory(ax: Axes, results: dict[str, MicroStepMemory], *,
 
 
 # -- throughput (shown, not asserted) ----------------------------------------------------
-@dataclass(frozen=True)
-class Timing:
-    """Examples per second of one accumulated update: median and spread over the rounds."""
-
-    median: float
-    low: float  # slowest round
-    high: float  # fastest round
-    rounds: int
-
-
 def throughput_sweep(
     model: nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor,
     micro_batches: Sequence[int], *, rounds: int = 5,
 ) -> dict[int, Timing | None]:
     """Examples per second of one accumulated update over all of `inputs`, per micro-batch size.
 
-    Every size runs once to warm up; then `rounds` rounds each time every size
-    once, interleaved, so that a slow spell of a shared machine hits all sizes
-    alike. Reports the median and the range (slowest to fastest round). On CUDA
-    the device is synchronized around each run; an out-of-memory size is None.
-    Timings are for showing, never for asserting.
+    Timed by `helpers.costs.interleaved_times`: every size runs once to warm up; then
+    `rounds` rounds each time every size once, interleaved, so that a slow spell of a
+    shared machine hits all sizes alike. Reports `Timing.per_second`: the median and
+    the range (slowest to fastest round). An out-of-memory size is None. Timings are
+    for showing, never for asserting.
     """
     n = check_batch(inputs, targets)
     positive_int("rounds", rounds)
@@ -190,29 +180,10 @@ def throughput_sweep(
         raise ValueError("micro_batches is empty; give at least one micro-batch size")
     for m in sizes:
         check_micro_batch(m, n)
-    device = device_of(model)
     work = {m: partial(accumulated_grad, model, loss_fn, inputs, targets, m) for m in sizes}
-    alive = [m for m in sizes if run_or_oom(work[m]) is not None]  # warm-up
+    times = interleaved_times(work, device=device_of(model), repeats=rounds, warmup=1, skip_oom=True)
     clear_grads(model)
-    seconds: dict[int, list[float]] = {m: [] for m in alive}
-    for _ in range(rounds):
-        for m in list(alive):
-            synchronize(device)
-            start = time.perf_counter()
-            if run_or_oom(work[m]) is None:
-                alive.remove(m)
-                continue
-            synchronize(device)
-            seconds[m].append(time.perf_counter() - start)
-    out: dict[int, Timing | None] = {}
-    for m in sizes:
-        times = sorted(seconds.get(m, []))
-        if m not in alive or not times:
-            out[m] = None
-            continue
-        out[m] = Timing(median=n / times[len(times) // 2], low=n / times[-1], high=n / times[0],
-                        rounds=len(times))
-    return out
+    return {m: times[m].per_second(n) if m in times else None for m in sizes}
 
 
 # -- sizes and the per-lesson protocol ---------------------------------------------------

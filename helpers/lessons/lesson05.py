@@ -25,7 +25,7 @@ from torch import nn
 from helpers import plots
 from helpers.accumulation import cleared_grads, compare_grads, flat_grad
 from helpers.device import SCALES
-from helpers.formulas import meta_param_count, predicted_step_peak_bytes
+from helpers.formulas import gpt_param_count, predicted_step_peak_bytes
 from helpers.models import GPT, GPTConfig
 from helpers.tokens import (
     IGNORE_INDEX,
@@ -343,7 +343,7 @@ def predicted_peak_bytes(scale: str) -> int:
     """
     sizes = lesson_sizes(scale)
     cfg = sizes.config()
-    others = (2 * 16 + 4) * meta_param_count(cfg)
+    others = (2 * 16 + 4) * gpt_param_count(cfg)
     return predicted_step_peak_bytes(cfg, sizes.largest_batch) + others
 
 

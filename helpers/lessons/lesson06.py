@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from helpers.device import SCALES, by_scale
-from helpers.formulas import korthikanti_activation_bytes
+from helpers.formulas import gpt_param_count, korthikanti_activation_bytes
 from helpers.models import GPT, GPTConfig
 from helpers.phases import PhaseMemory, UpdateMeasurer
 from helpers.planner import GB, MemoryProfile, Plan, fit_profile, recommend
@@ -235,8 +235,8 @@ def predicted_peak_bytes(scale: str) -> int:
     optimizer step's temporaries.
     """
     cfg = lesson_config(scale)
-    v, s, h, n = cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers
-    n_params = v * h + s * h + n * (12 * h * h + 13 * h) + 2 * h + h * v
+    s, h, v = cfg.seq_len, cfg.d_model, cfg.vocab_size
+    n_params = gpt_param_count(cfg)
     b = LARGEST_RUN[0]
     per_example = korthikanti_activation_bytes(cfg, 1, recompute=False) + 3 * s * v * 4 + 2 * s * h * 4
     return int(20 * n_params + 1.5 * b * per_example)

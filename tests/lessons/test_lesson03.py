@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import formulas
+from helpers import costs, formulas
 from helpers.data import regression_batch, token_batch
 from helpers.lessons import lesson03
 from helpers.lessons.lesson03 import (
@@ -78,7 +78,7 @@ def test_throughput_sweep_reports_median_and_spread():
     model, fn, x, y = mlp_case()
     res = throughput_sweep(model, fn, x, y, [4, 24], rounds=3)
     for t in res.values():
-        assert t is not None and t.rounds == 3 and t.low <= t.median <= t.high
+        assert t is not None and t.runs == 3 and t.low <= t.median <= t.high
     assert all(p.grad is None for p in model.parameters())
     with pytest.raises(ValueError, match="rounds"):
         throughput_sweep(model, fn, x, y, [4], rounds=0)
@@ -165,12 +165,12 @@ def test_throughput_sweep_with_a_step_of_known_cost(monkeypatch: pytest.MonkeyPa
         now[0] += cost[micro_batch].pop(0)
         return torch.zeros(1)
 
-    monkeypatch.setattr(lesson03.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(lesson03, "accumulated_grad", fake_update)
     model, fn, x, y = mlp_case()
     n = x.shape[0]
     res = throughput_sweep(model, fn, x, y, [2, 8], rounds=3)
     t2, t8 = res[2], res[8]
-    assert (t2.median, t2.low, t2.high, t2.rounds) == pytest.approx((n / 0.25, n / 0.4, n / 0.2, 3))
-    assert (t8.median, t8.low, t8.high, t8.rounds) == pytest.approx((n / 1.0, n / 1.0, n / 1.0, 3))
+    assert (t2.median, t2.low, t2.high, t2.runs) == pytest.approx((n / 0.25, n / 0.4, n / 0.2, 3))
+    assert (t8.median, t8.low, t8.high, t8.runs) == pytest.approx((n / 1.0, n / 1.0, n / 1.0, 3))
     assert cost == {2: [], 8: []}  # one warm-up and three rounds each
