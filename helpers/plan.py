@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from helpers.hf_configs import BUILDERS, NO_TRANSFORMERS, transformers_missing
-from helpers.meta_profile import CHECKPOINTS, PRECISIONS, TARGETS, BatchSpec, Profiler
+from helpers.meta_profile import CHECKPOINTS, GPUS, PRECISIONS, TARGETS, BatchSpec, Profiler
 from helpers.plan_report import plan_model
 from helpers.presets import (
     DEFAULT_CUDA_MARGIN,
@@ -66,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
         help="blocks: the planner may checkpoint every block; none: never (default blocks)",
     )
     p.add_argument("--target", default="cuda", choices=TARGETS, help="device the plan is for (default cuda)")
+    p.add_argument("--gpu", default="A100", help=f"the CUDA card: {', '.join(GPUS)} or a compute capability "
+                   "such as 8.0 or 75; it sets the attention kernel (no flash attention below sm80, e.g. a "
+                   "T4) (default A100)")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS,
                    help="fp32; bf16: autocast over fp32 master weights, fp32 gradients, fp32 Adam "
                    "(16 B/param); pure-bf16: everything bf16 (8 B/param; small updates are lost without "
@@ -103,6 +106,21 @@ def _spec_from_args(args: argparse.Namespace) -> BatchSpec:
     return BatchSpec.lm(args.seq_len, args.vocab_size)
 
 
+def _capability(gpu: str) -> int:
+    """sm number from a card name in GPUS, "8.0" or "80"; ValueError otherwise."""
+    if gpu.upper() in GPUS:
+        return GPUS[gpu.upper()]
+    try:
+        value = float(gpu)
+    except ValueError:
+        value = 0.0
+    cap = round(value * 10) if value < 10 else round(value)
+    if not 30 <= cap <= 120:
+        raise ValueError(f"--gpu {gpu!r}: give one of {', '.join(GPUS)} or a compute capability such "
+                         "as 8.0 or 75")
+    return cap
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m helpers.plan ...`: print the profile and the plan (or JSON); 2 on bad input."""
     parser = _parser()
@@ -126,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             build, spec, name = load_factory(args.model), _spec_from_args(args), args.model
         profiler = Profiler(build, spec, args.optimizer, target=args.target, precision=args.precision,
-                            trainable=args.trainable)
+                            trainable=args.trainable, capability=_capability(args.gpu))
+        if args.target == "cuda":
+            lines.append(f"target GPU {args.gpu} (compute capability sm{profiler.capability})")
         report = plan_model(
             profiler,
             name=name,

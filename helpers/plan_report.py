@@ -336,8 +336,11 @@ def plan_model(
     notes = [PURE_BF16_WARNING] if profiler.precision == "pure-bf16" else []
     if profiler.target == "cuda":
         notes.append(
-            f"CUDA target: attention assumed {', '.join(kernels) or 'absent'} (PyTorch's CUDA SDPA order: "
-            "flash for fp16/bf16 without a mask, else memory-efficient); foreach optimizer (about one "
+            f"CUDA target (sm{profiler.capability}): attention assumed {', '.join(kernels) or 'absent'} "
+            "(PyTorch's CUDA SDPA order: flash for fp16/bf16 without a mask on sm80 and later, which also "
+            "takes grouped-query attention with enable_gqa; else memory-efficient, or math for "
+            "grouped-query attention; with a mask Transformers expands K and V first, and the copies are "
+            "saved); foreach optimizer (about one "
             f"parameter-sized temporary during the step); {margin:.0%} of the budget kept free "
             "(--cuda-margin) for what the profile does not count: cuBLAS/cuDNN workspaces and kernels "
             "other than the assumed ones (inside torch.cuda.max_memory_allocated), fragmentation "
@@ -378,6 +381,9 @@ def plan_model(
     )
 
 
+PRESET_MICRO_BATCHES = (1, 2, 8)
+
+
 @functools.lru_cache(maxsize=64)
 def preset_profile(
     name: str,
@@ -387,8 +393,14 @@ def preset_profile(
     optimizer: str = "adam",
     target: str = "cuda",
     precision: str = "fp32",
+    trainable: str = "all",
+    micro_batches: tuple[int, ...] = PRESET_MICRO_BATCHES,
 ) -> MemoryProfile:
     """A preset's `MemoryProfile`, from copies with 1 and 2 blocks extrapolated to all of them.
+
+    Each copy is fitted at `micro_batches` (default 1, 2 and 8: where the optimizer step binds at
+    small sizes, the forward lines come from the largest sizes, whose regime larger micro-batches
+    continue). `trainable` is as `Profiler`'s ("all", a name regex, "lora:<rank>[:<regex>]").
 
     Every block is identical, so each fitted figure (floor, bytes per example, the
     optimizer step's peak, ...) is a straight line in the number of blocks: two short
@@ -404,8 +416,9 @@ def preset_profile(
             optimizer,
             target=target,
             precision=precision,
+            trainable=trainable,
         )
-        fits.append(profiler.memory_profile(checkpoint, (1, 2)))
+        fits.append(profiler.memory_profile(checkpoint, micro_batches))
     one, two = fits
     method = f"meta-tracker (target {target}), blocks extrapolated"
     return _extrapolated(one, two, cfg.num_layers, method=method, label=f"{name} {checkpoint}")
