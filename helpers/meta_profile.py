@@ -75,6 +75,7 @@ from helpers.validate import ArgTypeError, callable_arg, choice, positive_int
 __all__ = [
     "CHECKPOINTS",
     "GPUS",
+    "OPTIMIZER_IMPLS",
     "PRECISIONS",
     "PRECISION_BYTES_PER_PARAM",
     "PURE_BF16_WARNING",
@@ -88,6 +89,10 @@ __all__ = [
 
 TARGETS = ("cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "pure-bf16")
+# How the optimizer step runs: the target's default, torch's multi-tensor `foreach` (CUDA's default:
+# temporaries for all parameters at once), `fused` (one kernel, no parameter-sized temporaries; on
+# meta it is modelled by the per-tensor loop, an estimate) or the per-tensor loop (foreach=False).
+OPTIMIZER_IMPLS = ("default", "foreach", "fused", "per-tensor")
 # What each precision mode keeps per trainable parameter with Adam: weights + gradients + two moments.
 PRECISION_BYTES_PER_PARAM = {"fp32": 16, "bf16": 16, "pure-bf16": 8}
 PURE_BF16_WARNING = ("pure bf16: weights, gradients and Adam state are bf16 (8 B/param, no fp32 master "
@@ -525,7 +530,7 @@ class Profiler:
     "all", a parameter-name regex or "lora:<rank>[:<module regex>]" (`helpers.trainable`): only
     parameters that require grad get gradients and optimizer state, and `n_trainable` counts them.
     `capability` is the CUDA target's compute capability (e.g. 75 for a T4: no flash attention;
-    `GPUS` names the usual cards).
+    `GPUS` names the usual cards). `optimizer_impl` is one of `OPTIMIZER_IMPLS`.
     `route_attention=False` leaves attention on the meta device's own (math) path, to
     show what the routing corrects.
     """
@@ -540,6 +545,7 @@ class Profiler:
     route_attention: bool = True
     trainable: str = "all"
     capability: int = DEFAULT_CAPABILITY
+    optimizer_impl: str = "default"
     model: nn.Module = field(init=False)
     optimizer: torch.optim.Optimizer = field(init=False)
 
@@ -563,8 +569,18 @@ class Profiler:
             model = model.to(torch.bfloat16)
         self.trainable_spec = apply_trainable(model, self.trainable)
         self.model = model.train()
-        foreach = self.target == "cuda" and self.meta
-        self.optimizer = make_optimizer(self.optimizer_name, self.model, foreach=foreach)
+        choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
+        impl = self.optimizer_impl
+        if impl == "default":  # what the target runs by default: foreach on CUDA, the per-tensor loop on CPU
+            impl = "foreach" if self.target == "cuda" else "per-tensor"
+        if impl == "fused" and not self.meta:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            cls = torch.optim.AdamW if self.optimizer_name == "adamw" else torch.optim.Adam
+            self.optimizer = cls(params, lr=1e-3, fused=True)
+        else:  # on meta, fused (no parameter-sized temporaries) is modelled by the per-tensor loop
+            foreach = impl == "foreach" and (self.meta or self.target == "cuda")
+            self.optimizer = make_optimizer(self.optimizer_name, self.model, foreach=foreach)
+        self.impl = impl
         self._warm = False
         self._cache: dict[tuple[int, str, int], StepProfile] = {}
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from helpers.hf_configs import BUILDERS, NO_TRANSFORMERS, transformers_missing
-from helpers.meta_profile import CHECKPOINTS, GPUS, PRECISIONS, TARGETS, BatchSpec, Profiler
+from helpers.meta_profile import CHECKPOINTS, GPUS, OPTIMIZER_IMPLS, PRECISIONS, TARGETS, BatchSpec, Profiler
 from helpers.plan_report import plan_model
 from helpers.presets import (
     DEFAULT_CUDA_MARGIN,
@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--input-shape", help="one example's shape, e.g. 3,224,224 (other models)")
     p.add_argument("--num-classes", type=int, help="number of classes (with --input-shape)")
     p.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    p.add_argument("--optimizer-impl", default="default", choices=OPTIMIZER_IMPLS,
+                   help="default: foreach on CUDA (parameter-sized temporaries in the step), the "
+                   "per-tensor loop on CPU; fused (fused=True: modelled as per-tensor on meta); per-tensor "
+                   "(foreach=False)")
     p.add_argument("--budget", default="24GB", help="memory budget: 24GB (decimal, 24e9 bytes), '24 GiB' "
                    "(binary: a card sold as 24 GB reports about 24 GiB), 24e9 bytes (default 24GB)")
     p.add_argument(
@@ -144,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             build, spec, name = load_factory(args.model), _spec_from_args(args), args.model
         profiler = Profiler(build, spec, args.optimizer, target=args.target, precision=args.precision,
-                            trainable=args.trainable, capability=_capability(args.gpu))
+                            trainable=args.trainable, capability=_capability(args.gpu),
+                            optimizer_impl=args.optimizer_impl)
         if args.target == "cuda":
             lines.append(f"target GPU {args.gpu} (compute capability sm{profiler.capability})")
         report = plan_model(

@@ -16,13 +16,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from torch import nn
+
 from helpers.architectures import CausalLM
 from helpers.meta_profile import CHECKPOINTS, PURE_BF16_WARNING, BatchSpec, Profiler, StepProfile
 from helpers.planner import CAVEATS, MemoryProfile, Plan, recommend, remedy_floors
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
 from helpers.validate import ArgTypeError, choice, number_in_range, positive_number
 
-__all__ = ["PlanReport", "margin_line", "plan_model", "preset_profile", "reported_card_bytes"]
+__all__ = ["PRESET_MICRO_BATCHES", "PlanReport", "margin_line", "plan_model", "preset_profile",
+           "reported_card_bytes"]
 
 
 def reported_card_bytes(budget_bytes: float) -> float:
@@ -265,6 +268,19 @@ def _remedies(
     return out
 
 
+def _optimizer_remedies(profiler: Profiler, b: int, checkpoint: str) -> dict[str, float]:
+    """Where the optimizer step binds: what fused=True or foreach=False saves (profiled per tensor)."""
+    per_tensor = Profiler(profiler.build, profiler.spec, profiler.optimizer_name, target=profiler.target,
+                          precision=profiler.precision, trainable=profiler.trainable,
+                          capability=profiler.capability, optimizer_impl="per-tensor")
+    saving = (profiler.step(b, checkpoint=checkpoint).peak_bytes
+              - per_tensor.step(b, checkpoint=checkpoint).peak_bytes)
+    if saving <= 0:
+        return {}
+    return {f"fused=True Adam (estimate: the per-tensor step's peak, at micro-batch {b})": saving,
+            f"foreach=False Adam (the per-tensor loop, at micro-batch {b})": saving}
+
+
 def _plan(profiles: dict[str, MemoryProfile], usable: float, effective_batch: int,
           min_micro_batch: int, verify: Callable[[int, int, bool], int] | None) -> tuple[Plan | None, str]:
     """The planner's choice for these profiles (each candidate checked by `verify`), or None and why not."""
@@ -332,6 +348,12 @@ def plan_model(
         released = profiles["checkpointed" if plan.checkpoint else "plain"].predict_peak(
             plan.micro_batch, accumulation_steps=k, keep_output=False)
     b = plan.micro_batch if plan is not None else 1
+    remedies = _remedies(steps, profiles, b, profiler.optimizer_name, profiler.precision)
+    mode = ("checkpointed" if (plan is None or plan.checkpoint) and "checkpointed" in profiles
+            else "plain")
+    if (profiler.impl == "foreach" and callable(profiler.build) and not isinstance(profiler.build, nn.Module)
+            and profiles[mode].binding_phase(b) == "optimizer"):
+        remedies.update(_optimizer_remedies(profiler, b, "blocks" if mode == "checkpointed" else "none"))
     kernels = tuple(sorted({k for s in steps.values() for k in s.kernels}))
     notes = [PURE_BF16_WARNING] if profiler.precision == "pure-bf16" else []
     if profiler.target == "cuda":
@@ -372,7 +394,7 @@ def plan_model(
         refusal,
         checked,
         _estimates(profiler.n_params, profiler.optimizer_name, profiles["plain"], b),
-        _remedies(steps, profiles, b, profiler.optimizer_name, profiler.precision),
+        remedies,
         time.perf_counter() - start,
         notes,
         released,

@@ -35,7 +35,8 @@ from helpers.models import GPTConfig
 from helpers.validate import callable_arg, choice, positive_int, positive_number
 
 __all__ = [
-    "CAVEATS", "DECISION_RULE", "FSDP", "GB", "MIXED_PRECISION", "PURE_BF16", "REMEDIES", "RULE_COROLLARY",
+    "CAVEATS", "DECISION_RULE", "EIGHT_BIT", "FSDP", "GB", "MIXED_PRECISION", "PURE_BF16", "REMEDIES",
+    "RULE_COROLLARY",
     "Estimate", "MemoryProfile", "Plan", "RemedyFloor", "decision_rule", "fit_profile", "popular_estimates",
     "recommend", "remedy_floors",
 ]
@@ -535,6 +536,7 @@ class RemedyFloor:
 MIXED_PRECISION = "mixed precision (bf16 + fp32 master, Adam state)"
 PURE_BF16 = "pure bf16 (weights, gradients, Adam state)"
 FSDP = "FSDP / ZeRO-3"
+EIGHT_BIT = "8-bit Adam state (an estimate, never measured)"
 # NOTE [mixed precision]: bf16 autocast (or bf16 weights with an fp32 master copy) keeps
 # 2 + 2 + 4 + 8 = 16 B/param with Adam: the same floor as fp32 (ZeRO's 16 psi). Only pure bf16 is
 # smaller (2 + 2 + 4 = 8 B/param), and plain bf16 updates round small steps to nothing.
@@ -543,6 +545,8 @@ CAVEATS = {
                      "2 + 2 + 4 + 8 = 16 B/param as in fp32: it shrinks activations, not the floor",
     PURE_BF16: "no fp32 master copy, 2 + 2 + 4 = 8 B/param, but bf16 weights lose small updates unless "
                "the optimizer uses stochastic rounding or Kahan summation",
+    EIGHT_BIT: "an estimate, not a measurement: 1 byte per moment (2 B/param), plus the quantisation "
+               "scales and the library's own temporaries, which no meta profile sees",
     FSDP: "1/W of the floor is the persistent state per worker; the per-rank peak also holds the "
           "all-gathered unit being computed; lesson 07 measures it",
 }
@@ -578,11 +582,13 @@ def remedy_floors(parameters: int, gradients: int, optimizer_state: int,
         (MIXED_PRECISION, p / 2 + g / 2 + p + s, CAVEATS[MIXED_PRECISION]),
         (PURE_BF16, p / 2 + g / 2 + s / 2, CAVEATS[PURE_BF16]),
         ("bf16 Adam state (fp32 weights and gradients)", p + g + s / 2, ""),
+        (EIGHT_BIT, p + g + s / 4, CAVEATS[EIGHT_BIT]),
         ("optimizer state offloaded to CPU", p + g, ""),
     ]
     if precision == "pure-bf16":  # already 16-bit: no precision row applies
         rows = [r for r in rows if r[0] not in (MIXED_PRECISION, PURE_BF16,
-                                                "bf16 Adam state (fp32 weights and gradients)")]
+                                                "bf16 Adam state (fp32 weights and gradients)",
+                                                EIGHT_BIT)]
     for w in (positive_int("workers[i]", w) for w in workers):
         rows.append((f"optimizer state sharded over {w} workers (ZeRO-1)", p + g + s / w, ""))
         rows.append((f"persistent state sharded over {w} workers ({FSDP})", floor / w, CAVEATS[FSDP]))

@@ -212,6 +212,7 @@ HAND_COUNTED = {
     planner.MIXED_PRECISION: 2 + 2 + 4 + 8,
     planner.PURE_BF16: 2 + 2 + 2 + 2,
     "bf16 Adam state (fp32 weights and gradients)": 4 + 4 + 2 + 2,
+    planner.EIGHT_BIT: 4 + 4 + 1 + 1,
     "optimizer state offloaded to CPU": 4 + 4,
     "optimizer state sharded over 8 workers (ZeRO-1)": 4 + 4 + 8 / 8,
     "persistent state sharded over 8 workers (FSDP / ZeRO-3)": 16 / 8,
@@ -229,6 +230,21 @@ def test_remedy_floors_against_hand_counted_bytes_per_parameter() -> None:
     fsdp = by["persistent state sharded over 8 workers (FSDP / ZeRO-3)"]
     assert "per-rank peak" in fsdp.caveat
     assert all(not r.caveat for r in rows if r.remedy.startswith(("Adam", "SGD", "optimizer")))
+    assert "estimate" in by[planner.EIGHT_BIT].remedy and "not a measurement" in by[planner.EIGHT_BIT].caveat
+
+
+def test_remedy_rows_follow_the_precision_mode() -> None:
+    """bf16 mixed precision measures fp32 state: the same rows, the mixed row keeps its fp32 master copy
+    (16 B/param, no saving). Pure bf16 measures 2 + 2 + 4: no precision row applies."""
+    n = 1000
+    mixed = {r.remedy: r for r in planner.remedy_floors(4 * n, 4 * n, 8 * n, precision="bf16")}
+    assert mixed[planner.MIXED_PRECISION].floor_bytes == 16 * n
+    assert "Adam, bf16 mixed precision (measured)" in mixed
+    pure = {r.remedy: r for r in planner.remedy_floors(2 * n, 2 * n, 4 * n, precision="pure-bf16")}
+    assert planner.MIXED_PRECISION not in pure and planner.PURE_BF16 not in pure
+    assert pure["Adam, pure bf16 (measured)"].floor_bytes == 8 * n
+    with pytest.raises(ValueError, match="precision"):
+        planner.remedy_floors(1, 1, 1, precision="fp8")
 
 
 # -- killing the survivors of the mutation run (issue 16) --------------------------------------
@@ -487,6 +503,7 @@ def test_remedy_floors_default_workers_and_every_row() -> None:
         planner.MIXED_PRECISION: 400,
         planner.PURE_BF16: 200,
         "bf16 Adam state (fp32 weights and gradients)": 300,
+        planner.EIGHT_BIT: 250,
         "optimizer state offloaded to CPU": 200,
         "optimizer state sharded over 2 workers (ZeRO-1)": 300,
         "persistent state sharded over 2 workers (FSDP / ZeRO-3)": 200,

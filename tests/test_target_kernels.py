@@ -42,3 +42,21 @@ def test_gpu_flag() -> None:
     assert plan._capability("T4") == 75 and plan._capability("8.6") == 86 and plan._capability("90") == 90
     with pytest.raises(ValueError, match="--gpu"):
         plan._capability("V100-ish")
+
+
+def test_fused_and_per_tensor_adam_appear_where_the_optimizer_step_binds() -> None:
+    """A small Llama-family model at one short sequence: CUDA's foreach Adam makes parameter-sized
+    temporaries, so the step binds; fused=True / foreach=False save what the per-tensor loop's peak says."""
+    from helpers.plan_report import plan_model
+
+    cfg = dataclasses.replace(RELEASED["llama-3.2-1b"], vocab_size=512, hidden_size=64, intermediate_size=128,
+                              num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+    build, spec = functools.partial(CausalLM, cfg), BatchSpec.lm(16, 512)
+    foreach = Profiler(build, spec, "adam", target="cuda")
+    per_tensor = Profiler(build, spec, "adam", target="cuda", optimizer_impl="per-tensor")
+    saving = foreach.step(1).peak_bytes - per_tensor.step(1).peak_bytes
+    assert saving > 0
+    report = plan_model(foreach, name="small", budget_bytes=1e9, effective_batch=1, checkpoint="none")
+    fused = [k for k in report.remedies if k.startswith("fused=True")]
+    assert fused and report.remedies[fused[0]] == saving
+    assert any(k.startswith("8-bit Adam state (an estimate") for k in report.remedies)
