@@ -22,8 +22,8 @@ from helpers.validate import answer_number, choice, positive_int, positive_numbe
 
 __all__ = [
     "CHECK_MICRO_BATCH", "LessonSizes", "check_config", "check_exercise_1", "check_exercise_2",
-    "check_exercise_3", "lesson_sizes", "per_example_bytes", "predicted_peak_bytes", "show_plan",
-    "widget_latency_cases",
+    "check_exercise_3", "lesson_sizes", "logits_memory", "per_example_bytes", "predicted_peak_bytes",
+    "show_plan", "widget_latency_cases",
 ]
 
 
@@ -225,3 +225,30 @@ def check_exercise_3(bytes_saved: object) -> str:
         )
     print(msg)
     return msg
+
+
+def logits_memory(tokens: int = 128, hidden: int = 64, vocab: int = 8192, chunk: int = 16) -> dict[str, int]:
+    """Peak bytes of the LM head + loss + backward, measured on this CPU, with and without chunking.
+
+    Runs `helpers.tradeoffs.full_cross_entropy` and `chunked_cross_entropy` (the head and the loss a
+    chunk of tokens at a time, each chunk recomputed in backward) on random fp32 hidden states under
+    `helpers.memory.measure_step` (the CPU allocator's record). Returns {"full": ..., "chunked": ...},
+    the peak above the head's weight and the hidden states, and "logits": one fp32 logits tensor.
+    """
+    from helpers.memory import measure_step
+    from helpers.tradeoffs import chunked_cross_entropy, full_cross_entropy
+
+    for name, value in (("tokens", tokens), ("hidden", hidden), ("vocab", vocab), ("chunk", chunk)):
+        positive_int(name, value)
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(hidden, vocab, bias=False)
+    h = torch.randn(tokens, hidden, generator=gen, requires_grad=True)
+    y = torch.randint(vocab, (tokens,), generator=gen)
+    out = {"logits": tokens * vocab * 4}
+    for name, loss in (("full", lambda: full_cross_entropy(h, head.weight, y)),
+                       ("chunked", lambda: chunked_cross_entropy(h, head.weight, y, chunk))):
+        head.weight.grad, h.grad = None, None
+        m = measure_step(lambda loss=loss: loss().backward(), model=head)
+        out[name] = m.peak_bytes - m.breakdown["parameters"]
+    head.weight.grad, h.grad = None, None
+    return out

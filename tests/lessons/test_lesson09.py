@@ -40,3 +40,12 @@ def test_exercise_checkers() -> None:
     assert lesson09.check_exercise_3(saved).startswith("Correct")
     assert lesson09.check_exercise_3(1.0).startswith("Not yet")
     assert "number" in lesson09.check_exercise_3(None)
+
+
+def test_logits_memory_with_and_without_chunking() -> None:
+    """Hand count: the full loss holds the logits, their log-softmax and their gradient (3 x 4 MiB at
+    128 tokens x 8,192 vocabulary in fp32); chunked, one chunk's logits and the weight's gradient."""
+    ce = lesson09.logits_memory()
+    assert ce["logits"] == 128 * 8192 * 4
+    assert ce["full"] == pytest.approx(3 * ce["logits"], rel=0.01)
+    assert ce["chunked"] < 0.6 * ce["full"]
