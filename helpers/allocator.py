@@ -48,7 +48,8 @@ import tempfile
 from collections.abc import Iterator
 
 from helpers.device import CPU_TRACKER
-from helpers.tracker import CATEGORIES, MemoryTracker, Timeline, _category, _Record
+from helpers.timeline import CATEGORIES, Timeline, _category, _Record
+from helpers.tracker import MemoryTracker
 
 __all__ = ["AllocatorRecord", "allocator_timeline"]
 

@@ -44,7 +44,8 @@ from helpers.accumulation import cleared_grads, trainable_params
 from helpers.allocator import AllocatorRecord, allocator_timeline
 from helpers.device import CPU_TRACKER, CUDA_ALLOCATOR, TENSOR_TRACKER
 from helpers.models import device_of
-from helpers.tracker import CATEGORIES, MemoryTracker, Timeline, tensors_in
+from helpers.timeline import CATEGORIES, Timeline
+from helpers.tracker import MemoryTracker, tensors_in
 from helpers.validate import callable_arg, positive_number
 
 __all__ = [

@@ -168,11 +168,11 @@ def to_markdown(ledger: Ledger) -> str:
     ]
     for r in ledger.rows:
         detail = r.error or r.detail
-        out.append(f"| {r.claim.id} | {r.claim.text} | {r.claim.lesson} | {r.claim.check} | "
+        out.append(f"| {r.claim.id} | {r.claim.text} | {r.claim.lesson} | {r.claim.measures} | "
                    f"{r.claim.condition or '-'} | {_value(r)} | {detail.replace('|', '/')} | "
                    f"{'pass' if r.passed else '**FAIL**'} |")
     for c in ledger.pending:
-        out.append(f"| {c.id} | {c.text} | {c.lesson} | {c.check} | {c.condition or '-'} | - | "
+        out.append(f"| {c.id} | {c.text} | {c.lesson} | {c.measures} | {c.condition or '-'} | - | "
                    f"waits for {c.needs} | waiting |")
     return "\n".join(out) + "\n"
 

@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from helpers.checkpointing import apply_ac
-from helpers.meta_profile import BatchSpec, Profiler, blocks_of, cuda_kernel
+from helpers.meta_profile import BatchSpec, Profiler, blocks_of
 from helpers.models import GPT, GPTConfig
+from helpers.target_kernels import cuda_kernel
 
 # -- models the planner has never seen ---------------------------------------------------------
 

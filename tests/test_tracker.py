@@ -10,7 +10,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from helpers.tracker import MemoryTracker, _GcFreeze, _Record, build_timeline
+from helpers.timeline import _Record, build_timeline
+from helpers.tracker import MemoryTracker, _GcFreeze
 
 
 def test_build_timeline_from_known_lifetimes() -> None:

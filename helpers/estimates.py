@@ -1,0 +1,145 @@
+"""What people estimate, and what the remedies for the floor leave (lessons 06 and 09).
+
+- `popular_estimates` -> `Estimate`s: the rules of thumb people use (weights only, 16 and 18
+  bytes per parameter, Korthikanti's activation formula with and without recomputation,
+  `korthikanti_activation_bytes`) beside a measurement.
+- `remedy_floors` -> `RemedyFloor`s: what each state remedy leaves of the measured floor, per
+  worker, with the caveat a remedy carries (`CAVEATS`). `helpers.planner` re-exports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from helpers.formulas import korthikanti_activation_bytes
+from helpers.models import GPTConfig
+from helpers.validate import choice, positive_int
+
+__all__ = ["CAVEATS", "EIGHT_BIT", "FSDP", "MIXED_PRECISION", "PURE_BF16", "Estimate", "RemedyFloor",
+           "popular_estimates", "remedy_floors"]
+
+
+# -- The estimators people use, and the remedies for the floor -------------------------------------
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One estimator's prediction beside the measured value it estimates."""
+
+    name: str
+    predicted_bytes: float
+    measured_bytes: int
+    leaves_out: str
+
+    @property
+    def error(self) -> float:
+        """Relative error (predicted - measured) / measured; negative is an underestimate."""
+        return (self.predicted_bytes - self.measured_bytes) / self.measured_bytes
+
+
+def popular_estimates(cfg: GPTConfig, n_params: int, micro_batch: int, measured_peak: int, *,
+                      checkpointed: bool, planner_bytes: int | None = None) -> list[Estimate]:
+    """The estimates people use for the peak of a training step, beside `measured_peak`.
+
+    Weights only (4 bytes/param, what model-loading calculators report), 16 bytes/param
+    (fp32 Adam: weights, gradients, two moments), 18 bytes/param (the figure quoted for
+    mixed-precision Adam), 16 bytes/param plus Korthikanti's activations (with full
+    recomputation when `checkpointed`), and the planner's prediction when given.
+    """
+    n_params = positive_int("n_params", n_params)
+    positive_int("measured_peak", measured_peak)
+    korth = korthikanti_activation_bytes(cfg, micro_batch, recompute=checkpointed)
+    kname = "full recompute, 2sbh per layer" if checkpointed else "sbh(34 + 5as/h) per layer"
+    out = [
+        Estimate("weights only (4 B/param)", 4 * n_params, measured_peak,
+                 "gradients, optimizer state, activations, temporaries: counts model loading only"),
+        Estimate("16 B/param (fp32 Adam)", 16 * n_params, measured_peak,
+                 "activations, the logits, optimizer temporaries: model state only"),
+        Estimate("18 B/param (mixed-precision Adam)", 18 * n_params, measured_peak,
+                 "activations; counts 16-bit weights beside an fp32 master copy, fp32 gradients and "
+                 "moments (2 + 4 + 4 + 8), not this fp32 model"),
+        Estimate(f"16 B/param + Korthikanti ({kname})", 16 * n_params + korth, measured_peak,
+                 "embeddings, final norm, logits and loss, the gradient of the logits, "
+                 + ("one block's recomputed internals during backward, " if checkpointed else "")
+                 + "optimizer temporaries"),
+    ]
+    if planner_bytes is not None:
+        out.append(Estimate("planner (fitted to measurements)", planner_bytes, measured_peak,
+                            "nothing it was fitted on; it must be refitted for a new model or device"))
+    return out
+
+
+@dataclass(frozen=True)
+class RemedyFloor:
+    """What one remedy for model state leaves of the floor, per worker, and what it does not say.
+
+    `caveat` is empty, or the condition the row's number needs (print it beside the row).
+    """
+
+    remedy: str
+    floor_bytes: float
+    saving_bytes: float
+    caveat: str = ""
+
+
+MIXED_PRECISION = "mixed precision (bf16 + fp32 master, Adam state)"
+PURE_BF16 = "pure bf16 (weights, gradients, Adam state)"
+FSDP = "FSDP / ZeRO-3"
+EIGHT_BIT = "8-bit Adam state (an estimate, never measured)"
+# NOTE [mixed precision]: bf16 autocast (or bf16 weights with an fp32 master copy) keeps
+# 2 + 2 + 4 + 8 = 16 B/param with Adam: the same floor as fp32 (ZeRO's 16 psi). Only pure bf16 is
+# smaller (2 + 2 + 4 = 8 B/param), and plain bf16 updates round small steps to nothing.
+CAVEATS = {
+    MIXED_PRECISION: "bf16 weights and gradients beside fp32 master weights and Adam's fp32 moments, "
+                     "2 + 2 + 4 + 8 = 16 B/param as in fp32: it shrinks activations, not the floor",
+    PURE_BF16: "no fp32 master copy, 2 + 2 + 4 = 8 B/param, but bf16 weights lose small updates unless "
+               "the optimizer uses stochastic rounding or Kahan summation",
+    EIGHT_BIT: "an estimate, not a measurement: 1 byte per moment (2 B/param), plus the quantisation "
+               "scales and the library's own temporaries, which no meta profile sees",
+    FSDP: "1/W of the floor is the persistent state per worker; the per-rank peak also holds the "
+          "all-gathered unit being computed; lesson 07 measures it",
+}
+
+
+def remedy_floors(parameters: int, gradients: int, optimizer_state: int,
+                  workers: Sequence[int] = (2, 4), *, precision: str = "fp32") -> list[RemedyFloor]:
+    """The floor under each remedy, computed from the measured floor of fp32 Adam.
+
+    `parameters`, `gradients` and `optimizer_state` are measured fp32 bytes (4, 4 and 8 per
+    parameter: Adam's state is two parameter-sized moments). Each row is the floor per worker,
+    its saving against the measured floor, and its caveat (`CAVEATS`). Bytes per parameter:
+    fp32 Adam 16, SGD with momentum 12, SGD 8, mixed precision 2 + 2 + 4 (fp32 master) + 8 = 16
+    (no saving), pure bf16 8, bf16 Adam moments 12, offloaded optimizer state 8, ZeRO-1 over W
+    workers 8 + 8/W, FSDP / ZeRO-3 16/W of persistent state. Sharding is measured for real in
+    lesson 07.
+
+    `precision` is the mode the bytes were measured in: "fp32" or "bf16" (autocast over fp32
+    master weights: the same fp32 state, so the same rows; the mixed-precision row never drops
+    the fp32 master copy), or "pure-bf16" (2 + 2 + 4 bytes measured: the precision rows go, and
+    the first row is the measured pure-bf16 floor).
+    """
+    choice("precision", precision, ("fp32", "bf16", "pure-bf16"))
+    p, g, s = (positive_int(n, v) for n, v in (("parameters", parameters), ("gradients", gradients),
+                                             ("optimizer_state", optimizer_state)))
+    floor = p + g + s
+    first = {"fp32": "Adam, fp32 (measured)", "bf16": "Adam, bf16 mixed precision (measured)",
+             "pure-bf16": "Adam, pure bf16 (measured)"}[precision]
+    rows = [
+        (first, floor, CAVEATS[PURE_BF16] if precision == "pure-bf16" else ""),
+        ("SGD with momentum (one buffer)", p + g + s / 2, ""),
+        ("SGD, no momentum (no state)", p + g, ""),
+        (MIXED_PRECISION, p / 2 + g / 2 + p + s, CAVEATS[MIXED_PRECISION]),
+        (PURE_BF16, p / 2 + g / 2 + s / 2, CAVEATS[PURE_BF16]),
+        ("bf16 Adam state (fp32 weights and gradients)", p + g + s / 2, ""),
+        (EIGHT_BIT, p + g + s / 4, CAVEATS[EIGHT_BIT]),
+        ("optimizer state offloaded to CPU", p + g, ""),
+    ]
+    if precision == "pure-bf16":  # already 16-bit: no precision row applies
+        rows = [r for r in rows if r[0] not in (MIXED_PRECISION, PURE_BF16,
+                                                "bf16 Adam state (fp32 weights and gradients)",
+                                                EIGHT_BIT)]
+    for w in (positive_int("workers[i]", w) for w in workers):
+        rows.append((f"optimizer state sharded over {w} workers (ZeRO-1)", p + g + s / w, ""))
+        rows.append((f"persistent state sharded over {w} workers ({FSDP})", floor / w, CAVEATS[FSDP]))
+    return [RemedyFloor(name, f, floor - f, caveat) for name, f, caveat in rows]
