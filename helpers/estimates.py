@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from helpers.formulas import korthikanti_activation_bytes
 from helpers.models import GPTConfig
-from helpers.validate import positive_int
+from helpers.validate import choice, positive_int
 
-__all__ = ["CAVEATS", "FSDP", "MIXED_PRECISION", "PURE_BF16", "Estimate", "RemedyFloor", "popular_estimates",
-           "remedy_floors"]
+__all__ = ["CAVEATS", "EIGHT_BIT", "FSDP", "MIXED_PRECISION", "PURE_BF16", "Estimate", "RemedyFloor",
+           "popular_estimates", "remedy_floors"]
 
 
 # -- The estimators people use, and the remedies for the floor -------------------------------------
@@ -86,6 +86,7 @@ class RemedyFloor:
 MIXED_PRECISION = "mixed precision (bf16 + fp32 master, Adam state)"
 PURE_BF16 = "pure bf16 (weights, gradients, Adam state)"
 FSDP = "FSDP / ZeRO-3"
+EIGHT_BIT = "8-bit Adam state (an estimate, never measured)"
 # NOTE [mixed precision]: bf16 autocast (or bf16 weights with an fp32 master copy) keeps
 # 2 + 2 + 4 + 8 = 16 B/param with Adam: the same floor as fp32 (ZeRO's 16 psi). Only pure bf16 is
 # smaller (2 + 2 + 4 = 8 B/param), and plain bf16 updates round small steps to nothing.
@@ -94,13 +95,15 @@ CAVEATS = {
                      "2 + 2 + 4 + 8 = 16 B/param as in fp32: it shrinks activations, not the floor",
     PURE_BF16: "no fp32 master copy, 2 + 2 + 4 = 8 B/param, but bf16 weights lose small updates unless "
                "the optimizer uses stochastic rounding or Kahan summation",
+    EIGHT_BIT: "an estimate, not a measurement: 1 byte per moment (2 B/param), plus the quantisation "
+               "scales and the library's own temporaries, which no meta profile sees",
     FSDP: "1/W of the floor is the persistent state per worker; the per-rank peak also holds the "
           "all-gathered unit being computed; lesson 07 measures it",
 }
 
 
 def remedy_floors(parameters: int, gradients: int, optimizer_state: int,
-                  workers: Sequence[int] = (2, 4)) -> list[RemedyFloor]:
+                  workers: Sequence[int] = (2, 4), *, precision: str = "fp32") -> list[RemedyFloor]:
     """The floor under each remedy, computed from the measured floor of fp32 Adam.
 
     `parameters`, `gradients` and `optimizer_state` are measured fp32 bytes (4, 4 and 8 per
@@ -110,19 +113,32 @@ def remedy_floors(parameters: int, gradients: int, optimizer_state: int,
     (no saving), pure bf16 8, bf16 Adam moments 12, offloaded optimizer state 8, ZeRO-1 over W
     workers 8 + 8/W, FSDP / ZeRO-3 16/W of persistent state. Sharding is measured for real in
     lesson 07.
+
+    `precision` is the mode the bytes were measured in: "fp32" or "bf16" (autocast over fp32
+    master weights: the same fp32 state, so the same rows; the mixed-precision row never drops
+    the fp32 master copy), or "pure-bf16" (2 + 2 + 4 bytes measured: the precision rows go, and
+    the first row is the measured pure-bf16 floor).
     """
+    choice("precision", precision, ("fp32", "bf16", "pure-bf16"))
     p, g, s = (positive_int(n, v) for n, v in (("parameters", parameters), ("gradients", gradients),
                                              ("optimizer_state", optimizer_state)))
     floor = p + g + s
+    first = {"fp32": "Adam, fp32 (measured)", "bf16": "Adam, bf16 mixed precision (measured)",
+             "pure-bf16": "Adam, pure bf16 (measured)"}[precision]
     rows = [
-        ("Adam, fp32 (measured)", floor, ""),
+        (first, floor, CAVEATS[PURE_BF16] if precision == "pure-bf16" else ""),
         ("SGD with momentum (one buffer)", p + g + s / 2, ""),
         ("SGD, no momentum (no state)", p + g, ""),
         (MIXED_PRECISION, p / 2 + g / 2 + p + s, CAVEATS[MIXED_PRECISION]),
         (PURE_BF16, p / 2 + g / 2 + s / 2, CAVEATS[PURE_BF16]),
         ("bf16 Adam state (fp32 weights and gradients)", p + g + s / 2, ""),
+        (EIGHT_BIT, p + g + s / 4, CAVEATS[EIGHT_BIT]),
         ("optimizer state offloaded to CPU", p + g, ""),
     ]
+    if precision == "pure-bf16":  # already 16-bit: no precision row applies
+        rows = [r for r in rows if r[0] not in (MIXED_PRECISION, PURE_BF16,
+                                                "bf16 Adam state (fp32 weights and gradients)",
+                                                EIGHT_BIT)]
     for w in (positive_int("workers[i]", w) for w in workers):
         rows.append((f"optimizer state sharded over {w} workers (ZeRO-1)", p + g + s / w, ""))
         rows.append((f"persistent state sharded over {w} workers ({FSDP})", floor / w, CAVEATS[FSDP]))

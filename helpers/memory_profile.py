@@ -76,19 +76,23 @@ class MemoryProfile:
 
         With `accumulation_steps >= 2` the gradients of earlier micro-steps (and, in the
         loop as written, the previous micro-step's outputs) are alive during the forward
-        pass. With 1 they do not exist yet: the measured one-step line when there is one,
-        else the peak lower by the gradients (and at least the floor, reached when
-        backward has made every gradient and freed every activation). `keep_output=False`
+        pass. With 1 they do not exist yet: the peak lower by the gradients, at least the
+        floor (reached when backward has made every gradient and freed every activation)
+        and at least the measured one-step line when there is one. `keep_output=False`
         predicts the loop with `del predictions` (see `released`).
         """
         k = positive_int("accumulation_steps", accumulation_steps)
         p = self._loop(keep_output)
-        if k == 1 and (p.single_step_bytes or p.single_step_bytes_per_example):
-            return round(p.single_step_bytes + p.single_step_bytes_per_example * positive_int("b", b))
-        peak = (p.floor_bytes + p.other_bytes + p.other_bytes_per_example * b + p.activations(b))
-        if k == 1:
-            peak = max(peak - p.gradient_bytes, p.floor_bytes)
-        return round(peak)
+        peak = (p.floor_bytes + p.other_bytes + p.other_bytes_per_example * positive_int("b", b)
+                + p.activations(b))
+        if k >= 2:
+            return round(peak)
+        # K = 1: the accumulation line less the gradients (none exist during the first forward),
+        # and never below the measured one-step line. That line was fitted at small sizes, where
+        # the one-step peak can sit at the end of backward (gradients made, activations freed), so
+        # extrapolated alone it grows too slowly; the larger of the two holds in both regimes.
+        one = p.single_step_bytes + p.single_step_bytes_per_example * b
+        return round(max(peak - p.gradient_bytes, p.floor_bytes, one))
 
     def optimizer_peak(self, b: int, *, keep_output: bool = True) -> int:
         """Predicted peak of the optimizer step at micro-batch `b`."""

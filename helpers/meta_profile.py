@@ -64,14 +64,19 @@ from helpers.memory import MemoryTracker, Timeline, tracked_run
 from helpers.models import BlockWrapper
 from helpers.phases import PhasePeaks, phase_peaks
 from helpers.planner import MemoryProfile, fit_profile
-from helpers.target_kernels import _AutocastRule, _TargetKernels, cuda_kernel
+from helpers.target_kernels import DEFAULT_CAPABILITY, GPUS, _AutocastRule, _TargetKernels, cuda_kernel
 from helpers.tracker import release_point
+from helpers.trainable import apply_trainable, trainable_count
 from helpers.training import OPTIMIZERS, lm_loss, make_optimizer
 from helpers.validate import ArgTypeError, callable_arg, choice, positive_int
 
 __all__ = [
     "CHECKPOINTS",
+    "GPUS",
+    "OPTIMIZER_IMPLS",
     "PRECISIONS",
+    "PRECISION_BYTES_PER_PARAM",
+    "PURE_BF16_WARNING",
     "TARGETS",
     "BatchSpec",
     "Profiler",
@@ -82,7 +87,17 @@ __all__ = [
 ]
 
 TARGETS = ("cpu", "cuda")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "pure-bf16")
+# How the optimizer step runs: the target's default, torch's multi-tensor `foreach` (CUDA's default:
+# temporaries for all parameters at once), `fused` (one kernel, no parameter-sized temporaries; on
+# meta it is modelled by the per-tensor loop, an estimate) or the per-tensor loop (foreach=False).
+OPTIMIZER_IMPLS = ("default", "foreach", "fused", "per-tensor")
+# What each precision mode keeps per trainable parameter with Adam: weights + gradients + two moments.
+PRECISION_BYTES_PER_PARAM = {"fp32": 16, "bf16": 16, "pure-bf16": 8}
+PURE_BF16_WARNING = ("pure bf16: weights, gradients and Adam state are bf16 (8 B/param, no fp32 master "
+                     "copy); "
+                     "an update smaller than about 1/256 of a weight rounds to nothing, so small updates are "
+                     "lost unless the optimizer uses stochastic rounding or Kahan summation")
 CHECKPOINTS = ("none", "blocks")
 
 
@@ -137,6 +152,8 @@ class BatchSpec:
         if isinstance(logits, tuple | list):
             logits = logits[0]
         if self.kind == "lm":
+            if logits.dtype in (torch.float16, torch.bfloat16):
+                logits = logits.float()  # as Transformers' ForCausalLMLoss upcasts them: a copy in fp32
             return lm_loss(logits, targets)
         return F.cross_entropy(logits, targets)
 
@@ -249,8 +266,16 @@ class Profiler:
     `build` is a zero-argument callable returning an `nn.Module` built on the current
     default device (it is called under `torch.device(device)`), or an existing module.
     `optimizer` is a name in `OPTIMIZERS`; `target` ("cpu"/"cuda") sets the attention
-    kernel and the optimizer implementation modelled on meta; `precision` is "fp32" or
-    "bf16" (autocast). On a real device, "bf16" runs `torch.autocast` itself.
+    kernel and the optimizer implementation modelled on meta; `precision` is a mode named by
+    what it keeps: "fp32"; "bf16", autocast over fp32 master weights with fp32 gradients and
+    fp32 Adam state (16 B/param, as fp32); "pure-bf16", the model itself in bf16, so its
+    gradients and Adam state are bf16 too (8 B/param; `PURE_BF16_WARNING`). On a real device,
+    "bf16" runs `torch.autocast` itself. A config's stored dtype never changes the mode: the
+    model is built as `build` makes it (fp32) and cast only for "pure-bf16". `trainable` is
+    "all", a parameter-name regex or "lora:<rank>[:<module regex>]" (`helpers.trainable`): only
+    parameters that require grad get gradients and optimizer state, and `n_trainable` counts them.
+    `capability` is the CUDA target's compute capability (e.g. 75 for a T4: no flash attention;
+    `GPUS` names the usual cards). `optimizer_impl` is one of `OPTIMIZER_IMPLS`.
     `route_attention=False` leaves attention on the meta device's own (math) path, to
     show what the routing corrects.
     """
@@ -263,6 +288,9 @@ class Profiler:
     precision: str = "fp32"
     seed: int = 0
     route_attention: bool = True
+    trainable: str = "all"
+    capability: int = DEFAULT_CAPABILITY
+    optimizer_impl: str = "default"
     model: nn.Module = field(init=False)
     optimizer: torch.optim.Optimizer = field(init=False)
 
@@ -282,9 +310,22 @@ class Profiler:
                 model = self.build()
             if not isinstance(model, nn.Module):
                 raise ArgTypeError(f"build() must return an nn.Module, got {type(model).__name__}")
+        if self.precision == "pure-bf16":
+            model = model.to(torch.bfloat16)
+        self.trainable_spec = apply_trainable(model, self.trainable)
         self.model = model.train()
-        foreach = self.target == "cuda" and self.meta
-        self.optimizer = make_optimizer(self.optimizer_name, self.model, foreach=foreach)
+        choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
+        impl = self.optimizer_impl
+        if impl == "default":  # what the target runs by default: foreach on CUDA, the per-tensor loop on CPU
+            impl = "foreach" if self.target == "cuda" else "per-tensor"
+        if impl == "fused" and not self.meta:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            cls = torch.optim.AdamW if self.optimizer_name == "adamw" else torch.optim.Adam
+            self.optimizer = cls(params, lr=1e-3, fused=True)
+        else:  # on meta, fused (no parameter-sized temporaries) is modelled by the per-tensor loop
+            foreach = impl == "foreach" and (self.meta or self.target == "cuda")
+            self.optimizer = make_optimizer(self.optimizer_name, self.model, foreach=foreach)
+        self.impl = impl
         self._warm = False
         self._cache: dict[tuple[int, str, int], StepProfile] = {}
 
@@ -297,6 +338,11 @@ class Profiler:
     def n_params(self) -> int:
         """Number of parameters (shared ones once)."""
         return sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
+
+    @property
+    def n_trainable(self) -> int:
+        """Number of parameters that require grad: only they have gradients and optimizer state."""
+        return trainable_count(self.model)
 
     def _init_state(self) -> None:
         """Create the optimizer state (steady training) with one step on zero gradients."""
@@ -358,7 +404,8 @@ class Profiler:
         if not (callable(checkpoint) or checkpoint in CHECKPOINTS):
             choice("checkpoint", checkpoint, CHECKPOINTS)
         rule = _AutocastRule(self.target) if self.meta and self.precision == "bf16" else None
-        kernels = _TargetKernels(self.target, rule) if self.meta and self.route_attention else None
+        kernels = (_TargetKernels(self.target, rule, self.capability) if self.meta and self.route_attention
+                   else None)
         buffers: dict[str, int] = {}
         modes = contextlib.ExitStack()
         with modes:
@@ -371,6 +418,8 @@ class Profiler:
             if not self._warm:
                 self._init_state()
             batches = [self.spec.batch(b, self.device, self.seed + i) for i in range(k)]
+            if self.precision == "pure-bf16":
+                batches = [(x.to(torch.bfloat16) if x.is_floating_point() else x, y) for x, y in batches]
             if self.meta and self.target == "cpu":
                 modes.enter_context(rng_states_counted())
             own = kernel_buffers(self.target, buffers) if self.meta else None

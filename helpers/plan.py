@@ -14,7 +14,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from helpers.meta_profile import CHECKPOINTS, PRECISIONS, TARGETS, BatchSpec, Profiler
+from helpers.hf_configs import BUILDERS, NO_TRANSFORMERS, transformers_missing
+from helpers.meta_profile import CHECKPOINTS, GPUS, OPTIMIZER_IMPLS, PRECISIONS, TARGETS, BatchSpec, Profiler
 from helpers.plan_report import plan_model
 from helpers.presets import (
     DEFAULT_CUDA_MARGIN,
@@ -44,12 +45,19 @@ def _parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", help=f"one of {', '.join(PRESETS)}")
     src.add_argument("--model", help="package.module:factory, a callable returning an nn.Module")
-    src.add_argument("--hf-config", help="a local Hugging Face config.json (needs transformers)")
+    src.add_argument("--hf-config", help="a local Hugging Face config.json: GPT-2, Llama, Mistral and Qwen2 "
+                     "configs are built here; any other causal LM needs transformers")
+    p.add_argument("--hf-builder", default="auto", choices=BUILDERS,
+                   help="auto: our own architecture when it builds the config, else Transformers")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (language models)")
     p.add_argument("--vocab-size", type=int, help="vocabulary size (language models, with --model)")
     p.add_argument("--input-shape", help="one example's shape, e.g. 3,224,224 (other models)")
     p.add_argument("--num-classes", type=int, help="number of classes (with --input-shape)")
     p.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    p.add_argument("--optimizer-impl", default="default", choices=OPTIMIZER_IMPLS,
+                   help="default: foreach on CUDA (parameter-sized temporaries in the step), the "
+                   "per-tensor loop on CPU; fused (fused=True: modelled as per-tensor on meta); per-tensor "
+                   "(foreach=False)")
     p.add_argument("--budget", default="24GB", help="memory budget: 24GB (decimal, 24e9 bytes), '24 GiB' "
                    "(binary: a card sold as 24 GB reports about 24 GiB), 24e9 bytes (default 24GB)")
     p.add_argument(
@@ -62,7 +70,16 @@ def _parser() -> argparse.ArgumentParser:
         help="blocks: the planner may checkpoint every block; none: never (default blocks)",
     )
     p.add_argument("--target", default="cuda", choices=TARGETS, help="device the plan is for (default cuda)")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="fp32, or bf16 autocast")
+    p.add_argument("--gpu", default="A100", help=f"the CUDA card: {', '.join(GPUS)} or a compute capability "
+                   "such as 8.0 or 75; it sets the attention kernel (no flash attention below sm80, e.g. a "
+                   "T4) (default A100)")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="fp32; bf16: autocast over fp32 master weights, fp32 gradients, fp32 Adam "
+                   "(16 B/param); pure-bf16: everything bf16 (8 B/param; small updates are lost without "
+                   "stochastic rounding or Kahan summation). A config's torch_dtype never sets it "
+                   "(default fp32)")
+    p.add_argument("--trainable", default="all",
+                   help="all; a parameter-name regex; or lora:<rank>[:<module-name regex>] (default all)")
     p.add_argument(
         "--cuda-margin",
         type=float,
@@ -93,21 +110,48 @@ def _spec_from_args(args: argparse.Namespace) -> BatchSpec:
     return BatchSpec.lm(args.seq_len, args.vocab_size)
 
 
+def _capability(gpu: str) -> int:
+    """sm number from a card name in GPUS, "8.0" or "80"; ValueError otherwise."""
+    if gpu.upper() in GPUS:
+        return GPUS[gpu.upper()]
+    try:
+        value = float(gpu)
+    except ValueError:
+        value = 0.0
+    cap = round(value * 10) if value < 10 else round(value)
+    if not 30 <= cap <= 120:
+        raise ValueError(f"--gpu {gpu!r}: give one of {', '.join(GPUS)} or a compute capability such "
+                         "as 8.0 or 75")
+    return cap
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m helpers.plan ...`: print the profile and the plan (or JSON); 2 on bad input."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:
         budget = parse_budget(args.budget)
+        lines: list[str] = []
         if args.preset is not None:
-            build, spec, _ = preset_spec(args.preset, args.seq_len)
+            build, spec, cfg = preset_spec(args.preset, args.seq_len)
             name = args.preset
+            lines.append(f"{args.preset}: {cfg.name}, the released architecture "
+                         f"({'tied' if cfg.tie_embeddings else 'untied'} embeddings)")
         elif args.hf_config is not None:
-            build, spec = hf_factory(args.hf_config, args.seq_len)
-            name = args.hf_config
+            hf = hf_factory(args.hf_config, args.seq_len, builder=args.hf_builder)
+            build, spec, name = hf.build, hf.spec, args.hf_config
+            lines.append(f"{args.hf_config}: model_type {hf.model_type}, built by {hf.source}; "
+                         f"{hf.stored_line}")
+            lines.extend(f"note: {n}" for n in hf.notes)
+            if hf.source != "transformers" and transformers_missing():
+                lines.append(f"note: {NO_TRANSFORMERS}")
         else:
             build, spec, name = load_factory(args.model), _spec_from_args(args), args.model
-        profiler = Profiler(build, spec, args.optimizer, target=args.target, precision=args.precision)
+        profiler = Profiler(build, spec, args.optimizer, target=args.target, precision=args.precision,
+                            trainable=args.trainable, capability=_capability(args.gpu),
+                            optimizer_impl=args.optimizer_impl)
+        if args.target == "cuda":
+            lines.append(f"target GPU {args.gpu} (compute capability sm{profiler.capability})")
         report = plan_model(
             profiler,
             name=name,
@@ -119,7 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ValueError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.table())
+    if args.json:
+        print(json.dumps({**report.to_dict(), "source": lines}, indent=2))
+    else:
+        print("\n".join([*lines, report.table()]))
     return 0
 
 

@@ -13,15 +13,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from helpers.meta_profile import CHECKPOINTS, BatchSpec, Profiler, StepProfile
-from helpers.models import GPT
+from torch import nn
+
+from helpers.architectures import CausalLM
+from helpers.meta_profile import CHECKPOINTS, PURE_BF16_WARNING, BatchSpec, Profiler, StepProfile
 from helpers.planner import CAVEATS, MemoryProfile, Plan, recommend, remedy_floors
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
 from helpers.validate import ArgTypeError, choice, number_in_range, positive_number
 
-__all__ = ["PlanReport", "margin_line", "plan_model", "preset_profile", "reported_card_bytes"]
+__all__ = ["PRESET_MICRO_BATCHES", "PlanReport", "margin_line", "plan_model", "preset_profile",
+           "reported_card_bytes"]
 
 
 def reported_card_bytes(budget_bytes: float) -> float:
@@ -54,6 +58,13 @@ def margin_line(budget_bytes: float, usable_bytes: float) -> str:
     return text
 
 
+_PRECISION_WORDS = {
+    "fp32": "fp32 weights, gradients and optimizer state",
+    "bf16": "bf16 autocast over fp32 master weights, fp32 gradients, fp32 optimizer state",
+    "pure-bf16": "pure bf16: weights, gradients and optimizer state all bf16, no fp32 master copy",
+}
+
+
 def _fmt(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
 
@@ -82,6 +93,14 @@ class PlanReport:
     seconds: float
     notes: list[str] = field(default_factory=list)
     released_peak_bytes: int | None = None
+    n_trainable: int = 0
+    trainable: str = "all parameters"
+
+    @property
+    def floor_bytes_per_param(self) -> float:
+        """The floor (weights + gradients + optimizer state) per parameter: 16 for fp32 or bf16 mixed
+        precision with Adam, 8 for pure bf16, about 4 plus a little for LoRA (frozen fp32 base)."""
+        return self.profiles["plain"].floor_bytes / self.n_params
 
     @property
     def predicted_peak_bytes(self) -> int | None:
@@ -135,6 +154,9 @@ class PlanReport:
             "optimizer": self.optimizer,
             "target": self.target,
             "precision": self.precision,
+            "trainable": self.trainable,
+            "trainable_parameters": self.n_trainable,
+            "floor_bytes_per_parameter": round(self.floor_bytes_per_param, 3),
             "attention_kernels": list(self.kernels),
             "method": "meta-tracker",
             "loop": "the explainer's loop as written (predictions alive until the next micro-step)",
@@ -155,6 +177,10 @@ class PlanReport:
         """The report as plain-text tables."""
         lines = [
             f"{self.model}: {self.n_params / 1e9:.3f} B parameters, {self.spec}",
+            f"trainable: {self.trainable} ({self.n_trainable:,} of {self.n_params:,} parameters "
+            f"require grad; only they have gradients and optimizer state)",
+            f"floor {_fmt(self.profiles['plain'].floor_bytes)}: {self.floor_bytes_per_param:.2f} bytes per "
+            f"parameter ({_PRECISION_WORDS[self.precision]})",
             f"optimizer {self.optimizer}, precision {self.precision}, target {self.target} "
             f"(attention kernel: {', '.join(self.kernels) or 'none'}); profiled on the meta device "
             f"in {self.seconds:.1f} s",
@@ -206,7 +232,7 @@ class PlanReport:
         lines.append("what each remedy would save:")
         for name, v in self.remedies.items():
             lines.append(f"  {name:48s}{_fmt(v):>12s}")
-        lines.extend(f"note: {n}" for n in self.notes)
+        lines.extend(f"WARNING: {n}" if n == PURE_BF16_WARNING else f"note: {n}" for n in self.notes)
         return "\n".join(lines)
 
 
@@ -220,7 +246,8 @@ def _estimates(n_params: int, optimizer: str, profile: MemoryProfile, b: int) ->
 
 
 def _remedies(
-    steps: dict[str, StepProfile], profiles: dict[str, MemoryProfile], b: int, optimizer: str
+    steps: dict[str, StepProfile], profiles: dict[str, MemoryProfile], b: int, optimizer: str,
+    precision: str = "fp32",
 ) -> dict[str, float]:
     plain = profiles["plain"]
     out = {}
@@ -235,18 +262,31 @@ def _remedies(
     bd = steps["plain"].optimizer_breakdown
     p, g, s = bd["parameters"], bd["gradients"], bd["optimizer_state"]
     if optimizer in ("adam", "adamw") and min(p, g, s) > 0:
-        for row in remedy_floors(p, g, s, workers=(8,)):
+        for row in remedy_floors(p, g, s, workers=(8,), precision=precision):
             if row.saving_bytes > 0:
                 out[row.remedy] = row.saving_bytes
     return out
 
 
+def _optimizer_remedies(profiler: Profiler, b: int, checkpoint: str) -> dict[str, float]:
+    """Where the optimizer step binds: what fused=True or foreach=False saves (profiled per tensor)."""
+    per_tensor = Profiler(profiler.build, profiler.spec, profiler.optimizer_name, target=profiler.target,
+                          precision=profiler.precision, trainable=profiler.trainable,
+                          capability=profiler.capability, optimizer_impl="per-tensor")
+    saving = (profiler.step(b, checkpoint=checkpoint).peak_bytes
+              - per_tensor.step(b, checkpoint=checkpoint).peak_bytes)
+    if saving <= 0:
+        return {}
+    return {f"fused=True Adam (estimate: the per-tensor step's peak, at micro-batch {b})": saving,
+            f"foreach=False Adam (the per-tensor loop, at micro-batch {b})": saving}
+
+
 def _plan(profiles: dict[str, MemoryProfile], usable: float, effective_batch: int,
-          min_micro_batch: int) -> tuple[Plan | None, str]:
-    """The planner's choice for these profiles, or None and the refusal."""
+          min_micro_batch: int, verify: Callable[[int, int, bool], int] | None) -> tuple[Plan | None, str]:
+    """The planner's choice for these profiles (each candidate checked by `verify`), or None and why not."""
     try:
         plan = recommend(usable, effective_batch, profiles["plain"], profiles.get("checkpointed"),
-                         min_micro_batch=min_micro_batch)
+                         min_micro_batch=min_micro_batch, verify=verify)
     except ValueError as err:
         return None, str(err)
     return plan, ""
@@ -269,9 +309,10 @@ def plan_model(
     without it; "none" keeps it off. For a CUDA target the planner keeps
     `cuda_margin` (a fraction) of the budget free for what tensors do not show: the
     CUDA context, cuBLAS/cuDNN workspaces and the caching allocator's fragmentation.
-    With `check`, the chosen configuration is profiled again in full, and the report's
-    predicted peak is the larger of the two (if the full profile is higher and over the
-    budget, the profile is raised by the difference and the plan made again). The plan is
+    With `check`, every candidate the fit says fits is profiled again in full before it is
+    chosen; one whose full profile is over the budget is skipped and the next smaller one is
+    tried (`recommend(verify=...)`), so the plan is never refused while a smaller micro-batch
+    fits. The report's predicted peak is the larger of the fit and the full profile. The plan is
     for the explainer's loop as written; `released_peak_bytes` is the same configuration
     with `del predictions` after the loss.
     """
@@ -287,34 +328,41 @@ def plan_model(
     for mode, ck in modes.items():
         profiles[mode] = profiler.memory_profile(ck, (1, 2))
         steps[mode] = profiler.step(1, checkpoint=ck)
-    plan, refusal, checked, released = None, "", None, None
-    for _ in range(4):  # a plan is never below its own full profile: raise the fit and replan if it was
-        plan, refusal = _plan(profiles, usable, effective_batch, min_micro_batch)
-        if plan is None or not check:
-            break
-        mode = "checkpointed" if plan.checkpoint else "plain"
-        full = profiler.step(plan.micro_batch, checkpoint="blocks" if plan.checkpoint else "none",
-                             accumulation_steps=min(plan.accumulation_steps, 2))
+    full_steps: dict[tuple[int, int, bool], StepProfile] = {}
+
+    def verify(b: int, k: int, ckpt: bool) -> int:
+        """The candidate profiled in full (K >= 2 stands for any K >= 2): the plan never goes below it."""
+        key = (b, min(k, 2), ckpt)
+        if key not in full_steps:
+            full_steps[key] = profiler.step(b, checkpoint="blocks" if ckpt else "none",
+                                            accumulation_steps=key[1])
+        return full_steps[key].peak_bytes
+
+    plan, refusal = _plan(profiles, usable, effective_batch, min_micro_batch, verify if check else None)
+    checked, released = None, None
+    if plan is not None and check:
+        full = full_steps[plan.micro_batch, min(plan.accumulation_steps, 2), plan.checkpoint]
         checked, released = full.peak_bytes, full.released.peak_bytes if full.released else None
-        short = checked - plan.predicted_peak_bytes
-        if short <= 0 or checked <= usable:
-            break
-        profiles[mode] = dataclasses.replace(profiles[mode], other_bytes=profiles[mode].other_bytes + short)
-    if plan is not None and checked is not None and checked > usable:
-        refusal = (f"the best configuration the fit found, {plan.describe()}, peaks at {checked} bytes when "
-                   f"profiled in full, over the {round(usable)} bytes available")
-        plan, checked, released = None, None, None
     if plan is not None and not check:
         k = plan.accumulation_steps
         released = profiles["checkpointed" if plan.checkpoint else "plain"].predict_peak(
             plan.micro_batch, accumulation_steps=k, keep_output=False)
     b = plan.micro_batch if plan is not None else 1
+    remedies = _remedies(steps, profiles, b, profiler.optimizer_name, profiler.precision)
+    mode = ("checkpointed" if (plan is None or plan.checkpoint) and "checkpointed" in profiles
+            else "plain")
+    if (profiler.impl == "foreach" and callable(profiler.build) and not isinstance(profiler.build, nn.Module)
+            and profiles[mode].binding_phase(b) == "optimizer"):
+        remedies.update(_optimizer_remedies(profiler, b, "blocks" if mode == "checkpointed" else "none"))
     kernels = tuple(sorted({k for s in steps.values() for k in s.kernels}))
-    notes = []
+    notes = [PURE_BF16_WARNING] if profiler.precision == "pure-bf16" else []
     if profiler.target == "cuda":
         notes.append(
-            f"CUDA target: attention assumed {', '.join(kernels) or 'absent'} (PyTorch's CUDA SDPA order: "
-            "flash for fp16/bf16 without a mask, else memory-efficient); foreach optimizer (about one "
+            f"CUDA target (sm{profiler.capability}): attention assumed {', '.join(kernels) or 'absent'} "
+            "(PyTorch's CUDA SDPA order: flash for fp16/bf16 without a mask on sm80 and later, which also "
+            "takes grouped-query attention with enable_gqa; else memory-efficient, or math for "
+            "grouped-query attention; with a mask Transformers expands K and V first, and the copies are "
+            "saved); foreach optimizer (about one "
             f"parameter-sized temporary during the step); {margin:.0%} of the budget kept free "
             "(--cuda-margin) for what the profile does not count: cuBLAS/cuDNN workspaces and kernels "
             "other than the assumed ones (inside torch.cuda.max_memory_allocated), fragmentation "
@@ -346,11 +394,16 @@ def plan_model(
         refusal,
         checked,
         _estimates(profiler.n_params, profiler.optimizer_name, profiles["plain"], b),
-        _remedies(steps, profiles, b, profiler.optimizer_name),
+        remedies,
         time.perf_counter() - start,
         notes,
         released,
+        profiler.n_trainable,
+        profiler.trainable_spec.describe(),
     )
+
+
+PRESET_MICRO_BATCHES = (1, 2, 8)
 
 
 @functools.lru_cache(maxsize=64)
@@ -362,8 +415,14 @@ def preset_profile(
     optimizer: str = "adam",
     target: str = "cuda",
     precision: str = "fp32",
+    trainable: str = "all",
+    micro_batches: tuple[int, ...] = PRESET_MICRO_BATCHES,
 ) -> MemoryProfile:
     """A preset's `MemoryProfile`, from copies with 1 and 2 blocks extrapolated to all of them.
+
+    Each copy is fitted at `micro_batches` (default 1, 2 and 8: where the optimizer step binds at
+    small sizes, the forward lines come from the largest sizes, whose regime larger micro-batches
+    continue). `trainable` is as `Profiler`'s ("all", a name regex, "lora:<rank>[:<regex>]").
 
     Every block is identical, so each fitted figure (floor, bytes per example, the
     optimizer step's peak, ...) is a straight line in the number of blocks: two short
@@ -372,18 +431,19 @@ def preset_profile(
     _, _, cfg = preset_spec(name, seq_len)
     fits = []
     for n in (1, 2):
-        small = dataclasses.replace(cfg, n_layers=n)
+        small = dataclasses.replace(cfg, num_layers=n)
         profiler = Profiler(
-            functools.partial(GPT, small),
-            BatchSpec.lm(cfg.seq_len, cfg.vocab_size),
+            functools.partial(CausalLM, small),
+            BatchSpec.lm(seq_len, cfg.vocab_size),
             optimizer,
             target=target,
             precision=precision,
+            trainable=trainable,
         )
-        fits.append(profiler.memory_profile(checkpoint, (1, 2)))
+        fits.append(profiler.memory_profile(checkpoint, micro_batches))
     one, two = fits
     method = f"meta-tracker (target {target}), blocks extrapolated"
-    return _extrapolated(one, two, cfg.n_layers, method=method, label=f"{name} {checkpoint}")
+    return _extrapolated(one, two, cfg.num_layers, method=method, label=f"{name} {checkpoint}")
 
 
 def _extrapolated(one: MemoryProfile, two: MemoryProfile, n: int, **names: str) -> MemoryProfile:

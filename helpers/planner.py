@@ -23,11 +23,12 @@ Re-exported here (this module's public names stay where they were):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from helpers.estimates import (
     CAVEATS,
+    EIGHT_BIT,
     FSDP,
     MIXED_PRECISION,
     PURE_BF16,
@@ -40,7 +41,8 @@ from helpers.memory_profile import MemoryProfile, fit_profile
 from helpers.validate import positive_int, positive_number
 
 __all__ = [
-    "CAVEATS", "DECISION_RULE", "FSDP", "GB", "MIXED_PRECISION", "PURE_BF16", "REMEDIES", "RULE_COROLLARY",
+    "CAVEATS", "DECISION_RULE", "EIGHT_BIT", "FSDP", "GB", "MIXED_PRECISION", "PURE_BF16", "REMEDIES",
+    "RULE_COROLLARY",
     "Estimate", "MemoryProfile", "Plan", "RemedyFloor", "decision_rule", "fit_profile", "popular_estimates",
     "recommend", "remedy_floors",
 ]
@@ -119,17 +121,35 @@ def _mb(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
-def _fits(profile: MemoryProfile, sizes: Sequence[int], effective_batch: int,
-          budget: float) -> tuple[int, int] | None:
+Verify = Callable[[int, int, bool], int]
+
+
+def _fits(profile: MemoryProfile, sizes: Sequence[int], effective_batch: int, budget: float,
+          verify: Verify | None, checkpoint: bool, skipped: list[str]) -> tuple[int, int] | None:
+    """The largest size whose predicted peak fits (and, with `verify`, whose checked peak fits too)."""
     for b in sizes:
-        peak = profile.predict_peak(b, accumulation_steps=effective_batch // b)
-        if peak <= budget:
-            return b, peak
+        k = effective_batch // b
+        peak = profile.predict_peak(b, accumulation_steps=k)
+        if peak > budget:
+            continue
+        if verify is not None:
+            checked = verify(b, k, checkpoint)
+            if checked > budget:
+                ck = ", checkpointed" if checkpoint else ""
+                skipped.append(f"{b} x {k}{ck} was predicted at {_mb(peak)} but checked at {_mb(checked)}")
+                continue
+        return b, peak
     return None
 
 
+def _skipped(skipped: list[str], budget: float) -> str:
+    return ("" if not skipped else f" Skipped, over the {_mb(budget)} budget when checked: "
+            f"{'; '.join(skipped)}.")
+
+
 def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
-              checkpointed: MemoryProfile | None = None, *, min_micro_batch: int = 1) -> Plan:
+              checkpointed: MemoryProfile | None = None, *, min_micro_batch: int = 1,
+              verify: Verify | None = None) -> Plan:
     """Choose micro-batch, accumulation steps and checkpointing for a memory budget.
 
     Applies `DECISION_RULE` to the profiles (step 1, the profiling, is `fit_profile`'s job):
@@ -141,7 +161,11 @@ def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
     - step 2: if nothing fits, raise.
 
     `min_micro_batch` is step 3's minimum: the smallest micro-batch that still keeps the device
-    busy enough for you. Each `Plan.reason` quotes the step that chose it. Raises `ValueError`
+    busy enough for you. Each `Plan.reason` quotes the step that chose it. `verify(b, k,
+    checkpoint)`, when given, returns the checked peak of a candidate that the profile predicts
+    to fit (e.g. a full profile of that configuration); a candidate whose checked peak is over
+    the budget is skipped, and the next smaller one is tried: the planner never refuses while a
+    smaller micro-batch fits. Raises `ValueError`
     for a budget or effective batch that is not positive, for a `min_micro_batch` above the
     effective batch, and when nothing fits: that message names the floor in bytes, says whether
     the floor, the optimizer step or the minimum micro-batch is what does not fit, and lists the
@@ -157,7 +181,8 @@ def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
         raise ValueError(f"min_micro_batch={min_micro_batch} is larger than effective_batch="
                          f"{effective_batch}; it must be at most the effective batch")
     sizes = [b for b in range(effective_batch, min_micro_batch - 1, -1) if effective_batch % b == 0]
-    found = _fits(plain, sizes, effective_batch, budget)
+    skipped: list[str] = []
+    found = _fits(plain, sizes, effective_batch, budget, verify, False, skipped)
     if found:
         b, peak = found
         k = effective_batch // b
@@ -165,21 +190,22 @@ def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
                if k == 1 else f"it is the largest micro-batch from {min_micro_batch} up, dividing "
                f"{effective_batch}, that fits without checkpointing, so accumulate {k} micro-steps and "
                "spend no recompute")
-        reason = f"Micro-batch {b}: {why} (predicted peak {_mb(peak)} of {_mb(budget)}). {_step(4)}"
+        reason = (f"Micro-batch {b}: {why} (predicted peak {_mb(peak)} of {_mb(budget)}). {_step(4)}"
+                  + _skipped(skipped, budget))
         return Plan(b, k, False, peak, reason, budget)
     smallest = plain.predict_peak(sizes[-1], accumulation_steps=effective_batch // sizes[-1])
     if checkpointed is not None:
-        found = _fits(checkpointed, sizes, effective_batch, budget)
+        found = _fits(checkpointed, sizes, effective_batch, budget, verify, True, skipped)
         if found:
             b, peak = found
             k = effective_batch // b
             reason = (f"Micro-batch {b} with checkpointing: without it even micro-batch {sizes[-1]} would "
                       f"peak at {_mb(smallest)}, over the {_mb(budget)} budget; checkpointing brings "
                       f"micro-batch {b} to {_mb(peak)}, and {k} accumulation steps make the batch of "
-                      f"{effective_batch}. {_step(5)}")
+                      f"{effective_batch}. {_step(5)}" + _skipped(skipped, budget))
             return Plan(b, k, True, peak, reason, budget)
     raise ValueError(_refusal(budget, effective_batch, sizes[-1], min_micro_batch, smallest, plain,
-                              checkpointed))
+                              checkpointed) + _skipped(skipped, budget))
 
 
 def _refusal(budget: float, effective_batch: int, b: int, min_micro_batch: int, smallest: float,

@@ -1,27 +1,27 @@
 """What `python -m helpers.plan` plans: the released models as presets, your own factory, a budget.
 
-- `PRESETS`: GPT-2 small/medium/large/XL and Llama-like 1B and 7B shapes, in the project's own `GPT`
-  class (untied head, GELU MLP, fused attention, no dropout); `preset_spec(name)`.
-- `load_factory("package.module:factory")`, `hf_factory(config.json)` (only if `transformers` is
-  installed): any other model, built on the meta device.
+- `PRESETS`: the released models of `helpers.architectures.RELEASED` (GPT-2 small to XL with tied
+  embeddings, Llama-3.2-1B/3B, Llama-3.1-8B, Mistral-7B, Qwen2.5-0.5B, TinyLlama-1.1B), their exact
+  parameter counts whatever the sequence length; `preset_spec(name, seq_len)`.
+- `load_factory("package.module:factory")`, `hf_factory(config.json)` (`helpers.hf_configs`: our own
+  architecture for GPT-2 and Llama-family configs, Transformers for the others): any other model.
 - `example_classifier`: a small ConvNet to try `--model helpers.plan:example_classifier` with.
 - `parse_budget`: "24GB" (decimal: 24e9 bytes), "24 GiB" (binary: 24 x 2^30 bytes), "24e9" -> bytes.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import importlib
-import json
 import re
 from collections.abc import Callable
 
 from torch import nn
 
+from helpers.architectures import RELEASED, ArchConfig, released
+from helpers.hf_configs import HFModel, from_hf_config
 from helpers.meta_profile import BatchSpec
-from helpers.models import GPT, ConvNet, GPTConfig
-from helpers.validate import ArgTypeError, positive_int, positive_number
+from helpers.models import ConvNet
+from helpers.validate import ArgTypeError, positive_number
 
 __all__ = [
     "CARDS_GB", "DEFAULT_CUDA_MARGIN", "GB", "PRESETS", "example_classifier", "hf_factory", "load_factory",
@@ -38,26 +38,20 @@ CARDS_GB = (24, 40, 80)
 DEFAULT_CUDA_MARGIN = 0.10
 
 
-PRESETS: dict[str, GPTConfig] = {
-    "gpt2-small": GPTConfig(50257, 1024, 768, 12, 12, dropout=0.0, fused_attention=True),
-    "gpt2-medium": GPTConfig(50257, 1024, 1024, 16, 24, dropout=0.0, fused_attention=True),
-    "gpt2-large": GPTConfig(50257, 1024, 1280, 20, 36, dropout=0.0, fused_attention=True),
-    "gpt2-xl": GPTConfig(50257, 1024, 1600, 25, 48, dropout=0.0, fused_attention=True),
-    "llama-1b": GPTConfig(32000, 2048, 2048, 32, 22, dropout=0.0, fused_attention=True),
-    "llama-7b": GPTConfig(32000, 4096, 4096, 32, 32, dropout=0.0, fused_attention=True),
-}
+PRESETS: dict[str, ArchConfig] = RELEASED
 
 
 def preset_spec(
     name: str, seq_len: int | None = None
-) -> tuple[Callable[[], nn.Module], BatchSpec, GPTConfig]:
-    """(factory, batch spec, config) for a preset; `seq_len` overrides the preset's context length."""
+) -> tuple[Callable[[], nn.Module], BatchSpec, ArchConfig]:
+    """(factory, batch spec, config) of a preset: `helpers.architectures.released(name, seq_len)`.
+
+    The parameter count never changes with `seq_len`; a GPT-2 preset refuses `seq_len` > 1024
+    (its learned position table) with a ValueError naming the limit.
+    """
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {tuple(PRESETS)}")
-    cfg = PRESETS[name]
-    if seq_len is not None:
-        cfg = dataclasses.replace(cfg, seq_len=positive_int("seq_len", seq_len))
-    return functools.partial(GPT, cfg), BatchSpec.lm(cfg.seq_len, cfg.vocab_size), cfg
+    return released(name, seq_len)
 
 
 def load_factory(path: str) -> Callable[[], nn.Module]:
@@ -79,32 +73,14 @@ def load_factory(path: str) -> Callable[[], nn.Module]:
     return factory
 
 
-def hf_factory(config_path: str, seq_len: int | None = None) -> tuple[Callable[[], nn.Module], BatchSpec]:
-    """A Hugging Face causal LM built from a local config.json (no download, no weights).
+def hf_factory(config_path: str, seq_len: int | None = None, *, builder: str = "auto") -> HFModel:
+    """A causal LM from a local Hugging Face config.json (no download, no weights), always in fp32.
 
-    Needs `transformers` (an optional extra, not a dependency of this project).
+    `helpers.hf_configs.from_hf_config`: our own architecture for GPT-2 and Llama-family configs
+    (no Transformers needed), else Transformers' model; the config's torch_dtype is recorded
+    (`HFModel.stored_line`: "weights stored as bf16 ..."), never used as the training precision.
     """
-    try:
-        import transformers
-    except ImportError as err:
-        raise ValueError(
-            "--hf-config needs Hugging Face transformers, which is not installed "
-            "(pip install transformers); the rest of this tool works without it"
-        ) from err
-    try:
-        with open(config_path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"cannot read a JSON config from {config_path!r}: {err}") from err
-    if "model_type" not in raw:
-        raise ValueError(f"{config_path!r} has no 'model_type', so the architecture is unknown")
-    config = transformers.AutoConfig.for_model(**raw)
-    length = seq_len or getattr(config, "max_position_embeddings", None) or 1024
-
-    def build() -> nn.Module:
-        return transformers.AutoModelForCausalLM.from_config(config)
-
-    return build, BatchSpec.lm(positive_int("seq_len", length), config.vocab_size)
+    return from_hf_config(config_path, seq_len, builder=builder)
 
 
 _UNITS = {

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.autograd.graph import _engine_run_backward
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["KERNEL_NAMES", "cuda_kernel"]
+__all__ = ["DEFAULT_CAPABILITY", "GPUS", "KERNEL_NAMES", "cuda_kernel"]
 
 
 # ---------------------------------------------------------------------------
@@ -56,16 +56,27 @@ def _cpu_kernel(
     )
 
 
-def cuda_kernel(dtype: torch.dtype, head_dim: int, has_mask: bool) -> int:
+# Compute capability (major * 10 + minor) of the cards `--gpu` names.
+GPUS = {"T4": 75, "A10": 86, "L4": 89, "A100": 80, "H100": 90}
+DEFAULT_CAPABILITY = 80
+
+
+def cuda_kernel(dtype: torch.dtype, head_dim: int, has_mask: bool, *, gqa: bool = False,
+                capability: int = DEFAULT_CAPABILITY) -> int:
     """The SDPA kernel a CUDA target is assumed to run (PyTorch's CUDA preference order).
 
-    Flash attention for fp16/bf16 inputs without an explicit mask and head_dim <= 256;
-    otherwise the memory-efficient kernel (fp32 too) when head_dim is a multiple of 4
-    (8 in half precision); otherwise the math path.
+    Flash attention (sm80 and later: none on a T4, sm75) for fp16/bf16 inputs without an
+    explicit mask and head_dim <= 256 (a multiple of 8); otherwise the memory-efficient
+    kernel (fp32 too) when head_dim is a multiple of 4 (8 in half precision); otherwise the
+    math path. With `gqa` (fewer key/value heads, passed with `enable_gqa=True`, which
+    Transformers does only without a mask) only flash takes it: the memory-efficient kernel
+    does not, and SDPA falls back to math, which expands K and V itself.
     """
     half = dtype in (torch.float16, torch.bfloat16)
-    if half and not has_mask and head_dim <= 256 and head_dim % 8 == 0:
+    if half and not has_mask and head_dim <= 256 and head_dim % 8 == 0 and capability >= 80:
         return _FLASH
+    if gqa:
+        return _MATH
     if head_dim % (8 if half else 4) == 0:
         return _EFFICIENT
     return _MATH
@@ -81,9 +92,11 @@ class _TargetKernels:
     and remembers which kernels ran. Real tensors go to the original function.
     """
 
-    def __init__(self, target: str, rule: _AutocastRule | None = None) -> None:
+    def __init__(self, target: str, rule: _AutocastRule | None = None,
+                 capability: int = DEFAULT_CAPABILITY) -> None:
         self.target = target
         self.rule = rule
+        self.capability = capability
         self.kernels: set[str] = set()
         self._original: Callable[..., torch.Tensor] | None = None
 
@@ -121,7 +134,8 @@ class _TargetKernels:
                 query.dtype, query.shape[-1], mask_dtype, dropout_p > 0, bool(is_causal), gqa
             )
         else:
-            kernel = _MATH if gqa else cuda_kernel(query.dtype, query.shape[-1], attn_mask is not None)
+            kernel = cuda_kernel(query.dtype, query.shape[-1], attn_mask is not None, gqa=gqa,
+                                 capability=self.capability)
         self.kernels.add(KERNEL_NAMES[kernel])
         if kernel == _MATH:
             return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **kwargs)

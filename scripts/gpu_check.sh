@@ -2,16 +2,17 @@
 # make gpu: on a machine with a CUDA GPU, in about 8 minutes on one large GPU:
 #   (a) the cuda-marked tests, (b) every notebook at the scale the GPU's memory picks (`full` on
 #   40 GB and more), (c) lessons 01 and 03 again with LESSONS_GPU_MEMORY_GB=24 and =16 (a 24 GB
-#   card and a T4), (d) the claim ledger (python -m helpers.review) when it exists; then a summary.
+#   card and a T4), (d) the claim ledger (python -m helpers.review) when it exists, (e) the meta plan
+#   beside torch.cuda.max_memory_allocated (scripts/plan_vs_cuda.py); then a summary.
 # Usage, from the repository root:
 #   bash scripts/gpu_check.sh                   # python3 on PATH must have torch with CUDA
 #   OUT=/some/dir bash scripts/gpu_check.sh     # where the results go (default gpu-run/)
 #   LESSONS_DEVICE=cpu LESSONS_SCALE=tiny bash scripts/gpu_check.sh   # dry run on a CPU machine
 # A machine without network carries the Jupyter kernel stack as wheels in .whl/ (make gpu-kit);
 # they are installed with pip --no-index --no-deps --target into a temporary folder.
-# LESSONS_SCALE, when set, applies to every phase. At most 7 files land in $OUT: summary.txt,
+# LESSONS_SCALE, when set, applies to every phase. At most 8 files land in $OUT: summary.txt,
 # run.log, bench_full.json, bench_24gb.json, bench_16gb.json, notebooks_<device>.tar.gz (executed
-# notebooks and figures, named with the device), ledger_<device>.md.
+# notebooks and figures, named with the device), ledger_<device>.md, plan_vs_cuda.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -20,6 +21,7 @@ KIT=${KIT_DIR:-.whl}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/lessons-gpu.XXXXXX")
 # Seconds per phase; together with the setup they stay under 8 minutes.
 T_TESTS=${T_TESTS:-60} T_NOTEBOOKS=${T_NOTEBOOKS:-240} T_CAPPED=${T_CAPPED:-50} T_LEDGER=${T_LEDGER:-50}
+T_PLAN=${T_PLAN:-60}
 CAPPED=(notebooks/01_where_memory_goes.ipynb notebooks/03_gradient_accumulation.ipynb)
 mkdir -p "$OUT"
 rm -f "$OUT"/{summary.txt,run.log,bench_full.json,bench_24gb.json,bench_16gb.json} \
@@ -79,6 +81,12 @@ print(re.sub(r'[^a-z0-9]+', '-', n.lower().replace('nvidia', '')).strip('-'))")
     timeout "$T_LEDGER" $PY -m helpers.review --no-progress --markdown "$OUT/ledger_${dev}.md"; ledger_rc=$?
   fi
 
+  local plan_rc=skip  # (e) the meta plan beside max_memory_allocated of real bf16 steps (issue 23)
+  if [ "${LESSONS_DEVICE:-cuda}" != cpu ]; then
+    echo "== (e) plan vs torch.cuda.max_memory_allocated, two presets, three (B, K), bf16"
+    timeout "$T_PLAN" $PY scripts/plan_vs_cuda.py "$OUT"; plan_rc=$?
+  fi
+
   if [ -d "$WORK/nb" ]; then  # one archive: executed notebooks and figures, the device in every name
     find "$WORK/nb" -type f \( -name '*.png' -o -name '*.ipynb' \) | while read -r f; do
       mv "$f" "${f%.*}_${dev}.${f##*.}"
@@ -94,6 +102,7 @@ print(re.sub(r'[^a-z0-9]+', '-', n.lower().replace('nvidia', '')).strip('-'))")
     echo "(c) 01+03 at 24 GB: $(verdict "${cap_rc[0]}" "$T_CAPPED")"
     echo "(c) 01+03 at 16 GB: $(verdict "${cap_rc[1]}" "$T_CAPPED")"
     echo "(d) claim ledger:   $(verdict "$ledger_rc" "$T_LEDGER")"
+    echo "(e) plan vs CUDA:   $(verdict "$plan_rc" "$T_PLAN")"
     $PY - "$OUT" <<'PYEOF'
 import json, sys
 from pathlib import Path
@@ -105,7 +114,7 @@ for path in sorted(Path(sys.argv[1]).glob("bench_*.json")):
 PYEOF
     echo "results in $OUT/: $(cd "$OUT" && ls | tr '\n' ' ')"
   } | tee "$OUT/summary.txt"
-  for rc in "$env_rc" "$tests_rc" "$nb_rc" "${cap_rc[@]}" "$ledger_rc"; do
+  for rc in "$env_rc" "$tests_rc" "$nb_rc" "${cap_rc[@]}" "$ledger_rc" "$plan_rc"; do
     [ "$rc" = 0 ] || [ "$rc" = skip ] || return 1
   done
 }

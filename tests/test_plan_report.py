@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import planner
-from helpers.formulas import gpt_param_count
+from helpers import plan, planner
+from helpers.architectures import param_count
 from helpers.meta_profile import Profiler
 from helpers.plan_report import margin_line, plan_model, preset_profile, reported_card_bytes
 from helpers.presets import parse_budget, preset_spec
@@ -42,7 +42,7 @@ def test_report_remedies_save_what_the_hand_count_says() -> None:
     build, spec, cfg = preset_spec("gpt2-small", 64)
     report = plan_model(Profiler(build, spec, target="cuda"), name="gpt2-small", budget_bytes=24e9,
                              effective_batch=8, check=False)
-    n = gpt_param_count(cfg)
+    n = param_count(cfg)
     assert not any(name.startswith("mixed precision") for name in report.remedies)
     assert report.remedies[planner.PURE_BF16] == pytest.approx(8 * n, rel=1e-3)
     assert any(note.startswith(planner.MIXED_PRECISION) and "16 B/param" in note for note in report.notes)
@@ -59,3 +59,26 @@ def test_plan_model_chooses_checkpointing_when_needed() -> None:
     assert report.plan is not None and report.plan.checkpoint
     assert report.checked_peak_bytes == pytest.approx(report.plan.predicted_peak_bytes, rel=0.01)
     assert report.usable_bytes == pytest.approx(0.9 * budget)
+
+
+LESSON00 = ["--preset", "gpt2-small", "--seq-len", "256", "--budget", "8GiB", "--effective-batch", "32",
+            "--min-micro-batch", "4"]
+
+
+def test_lesson00_command_gives_the_largest_plan_that_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    """PLANNER BUG: lesson 00's command printed NO PLAN while a smaller micro-batch fitted.
+
+    Independently of the planner: fresh full profiles of every candidate (B x K, K >= 2 standing for any
+    K >= 2) say which fit in 8 GiB less the 10% CUDA margin; the plan must be the largest of them.
+    """
+    assert plan.main(LESSON00) == 0
+    out = capsys.readouterr().out
+    assert "NO PLAN" not in out and "PLAN: " in out
+    usable = 0.9 * 8 * 2**30
+    build, spec, _ = preset_spec("gpt2-small", 256)
+    fresh = Profiler(build, spec, target="cuda")
+    fits = [b for b in (32, 16, 8, 4)
+            if fresh.step(b, accumulation_steps=min(32 // b, 2)).peak_bytes <= usable]
+    assert fits, "some micro-batch from 4 up fits in 8 GiB"
+    b = fits[0]
+    assert f"PLAN: {b} x {32 // b} " in out

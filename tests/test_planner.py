@@ -212,6 +212,7 @@ HAND_COUNTED = {
     planner.MIXED_PRECISION: 2 + 2 + 4 + 8,
     planner.PURE_BF16: 2 + 2 + 2 + 2,
     "bf16 Adam state (fp32 weights and gradients)": 4 + 4 + 2 + 2,
+    planner.EIGHT_BIT: 4 + 4 + 1 + 1,
     "optimizer state offloaded to CPU": 4 + 4,
     "optimizer state sharded over 8 workers (ZeRO-1)": 4 + 4 + 8 / 8,
     "persistent state sharded over 8 workers (FSDP / ZeRO-3)": 16 / 8,
@@ -229,6 +230,21 @@ def test_remedy_floors_against_hand_counted_bytes_per_parameter() -> None:
     fsdp = by["persistent state sharded over 8 workers (FSDP / ZeRO-3)"]
     assert "per-rank peak" in fsdp.caveat
     assert all(not r.caveat for r in rows if r.remedy.startswith(("Adam", "SGD", "optimizer")))
+    assert "estimate" in by[planner.EIGHT_BIT].remedy and "not a measurement" in by[planner.EIGHT_BIT].caveat
+
+
+def test_remedy_rows_follow_the_precision_mode() -> None:
+    """bf16 mixed precision measures fp32 state: the same rows, the mixed row keeps its fp32 master copy
+    (16 B/param, no saving). Pure bf16 measures 2 + 2 + 4: no precision row applies."""
+    n = 1000
+    mixed = {r.remedy: r for r in planner.remedy_floors(4 * n, 4 * n, 8 * n, precision="bf16")}
+    assert mixed[planner.MIXED_PRECISION].floor_bytes == 16 * n
+    assert "Adam, bf16 mixed precision (measured)" in mixed
+    pure = {r.remedy: r for r in planner.remedy_floors(2 * n, 2 * n, 4 * n, precision="pure-bf16")}
+    assert planner.MIXED_PRECISION not in pure and planner.PURE_BF16 not in pure
+    assert pure["Adam, pure bf16 (measured)"].floor_bytes == 8 * n
+    with pytest.raises(ValueError, match="precision"):
+        planner.remedy_floors(1, 1, 1, precision="fp8")
 
 
 # -- killing the survivors of the mutation run (issue 16) --------------------------------------
@@ -487,6 +503,7 @@ def test_remedy_floors_default_workers_and_every_row() -> None:
         planner.MIXED_PRECISION: 400,
         planner.PURE_BF16: 200,
         "bf16 Adam state (fp32 weights and gradients)": 300,
+        planner.EIGHT_BIT: 250,
         "optimizer state offloaded to CPU": 200,
         "optimizer state sharded over 2 workers (ZeRO-1)": 300,
         "persistent state sharded over 2 workers (FSDP / ZeRO-3)": 200,
@@ -528,3 +545,49 @@ def test_lessons_restate_the_rule_word_for_word(notebook: str) -> None:
     markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     for step in (*planner.DECISION_RULE, planner.RULE_COROLLARY):
         assert step in markdown, (notebook, step)
+
+
+def test_k1_forward_peak_follows_the_accumulation_line_less_the_gradients() -> None:
+    """PLANNER BUG (lesson 00): a one-step line fitted where the one-step peak sits at the end of backward
+    grows too slowly; K = 1 at a large micro-batch must follow the K >= 2 line less the gradients.
+
+    Worked by hand: floor 1,000 (of it gradients 300), activations 100 per example, no other; a one-step
+    line 1,200 + 10 b. At b = 50: K >= 2 peak 1,000 + 5,000 = 6,000; less the gradients 5,700; the
+    one-step line says 1,700. The larger, 5,700, is the K = 1 peak (the fix; before it, 1,700). At
+    b = 2: 1,200 - 300 = 900, the floor 1,000, the one-step line 1,220: the one-step line holds.
+    """
+    p = planner.MemoryProfile(floor_bytes=1000, gradient_bytes=300, other_bytes=0, other_bytes_per_example=0,
+                              activation_bytes_per_example=100, activation_intercept_bytes=0,
+                              optimizer_peak_bytes=1100, optimizer_bytes_per_example=0, method="hand",
+                              single_step_bytes=1200, single_step_bytes_per_example=10)
+    assert p.forward_peak(50, accumulation_steps=2) == 6000
+    assert p.forward_peak(50, accumulation_steps=1) == 5700
+    assert p.forward_peak(2, accumulation_steps=1) == 1220
+    assert p.predict_peak(2, accumulation_steps=1) == 1220
+    no_line = dataclasses.replace(p, single_step_bytes=0, single_step_bytes_per_example=0)
+    assert no_line.forward_peak(2, accumulation_steps=1) == 1000  # the floor, once every gradient exists
+
+
+def test_recommend_skips_a_candidate_that_fails_its_check() -> None:
+    """A candidate the fit says fits but the check puts over the budget is skipped; the next one is tried.
+
+    The profile predicts 1,000 + 10 b for every size, so with a budget of 1,200 it says 16 fits
+    (1,160). The check says 16 x 2 peaks at 1,300 (over) and 8 x 4 at 1,150 (fits): the plan is 8 x 4,
+    never a refusal.
+    """
+    p = _profile(floor_bytes=1000, gradient_bytes=0, other_bytes=0, other_bytes_per_example=0,
+                 activation_bytes_per_example=10, activation_intercept_bytes=0, optimizer_peak_bytes=0,
+                 optimizer_bytes_per_example=0)
+    checked = {16: 1300, 8: 1150, 4: 1100, 2: 1050, 1: 1020}
+    calls = []
+
+    def verify(b: int, k: int, ckpt: bool) -> int:
+        calls.append((b, k, ckpt))
+        return checked[b]
+
+    plan = planner.recommend(1200, 32, p, min_micro_batch=1, verify=verify)
+    assert (plan.micro_batch, plan.accumulation_steps, plan.checkpoint) == (8, 4, False)
+    assert calls == [(16, 2, False), (8, 4, False)]  # 32 is over by the fit itself: never checked
+    assert "16 x 2 was predicted at" in plan.reason and "checked at" in plan.reason
+    with pytest.raises(ValueError, match="Skipped"):
+        planner.recommend(1200, 32, p, min_micro_batch=16, verify=verify)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 
 import pytest
+import torch
 
 from helpers import plan
+from helpers.architectures import RELEASED
+from helpers.hf_configs import hf_dict
 from helpers.presets import example_classifier, hf_factory, load_factory, parse_budget
 
 
@@ -33,6 +38,16 @@ def test_load_factory_errors() -> None:
 
 
 def test_hf_config_without_transformers(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    """Without Transformers a Llama config is still built (our own architecture, fp32); a model type we
+    do not build says what Transformers adds."""
     monkeypatch.setitem(sys.modules, "transformers", None)
-    with pytest.raises(ValueError, match="needs Hugging Face transformers"):
-        hf_factory(str(tmp_path / "config.json"))
+    llama = tmp_path / "llama.json"
+    llama.write_text(json.dumps(hf_dict(dataclasses.replace(RELEASED["llama-3.2-1b"], num_layers=1))))
+    hf = hf_factory(str(llama), 128)
+    assert hf.source == "helpers.architectures" and hf.stored_line.startswith("weights stored as bf16")
+    with torch.device("meta"):
+        assert all(p.dtype == torch.float32 for p in hf.build().parameters())
+    other = tmp_path / "phi.json"
+    other.write_text(json.dumps({"model_type": "phi", "vocab_size": 100, "hidden_size": 8}))
+    with pytest.raises(ValueError, match="Transformers is not installed"):
+        hf_factory(str(other))

@@ -11,19 +11,19 @@ from dataclasses import dataclass
 
 import torch
 
+from helpers.architectures import param_count
 from helpers.device import SCALES, by_scale
-from helpers.formulas import gpt_param_count
 from helpers.meta_profile import BatchSpec, Profiler
 from helpers.models import GPT, GPTConfig
 from helpers.plan_report import margin_line, preset_profile
-from helpers.planner import recommend
+from helpers.planner import MemoryProfile, recommend
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
 from helpers.validate import answer_number, choice, positive_int, positive_number
 
 __all__ = [
     "CHECK_MICRO_BATCH", "LessonSizes", "check_config", "check_exercise_1", "check_exercise_2",
-    "check_exercise_3", "lesson_sizes", "predicted_peak_bytes", "show_plan",
-    "widget_latency_cases",
+    "check_exercise_3", "lesson_sizes", "logits_memory", "per_example_bytes", "predicted_peak_bytes",
+    "show_plan", "widget_latency_cases",
 ]
 
 
@@ -42,13 +42,18 @@ def show_plan(
     k = positive_int("accumulation_steps", accumulation_steps)
     budget = positive_number("budget_gb", budget_gb) * GB
     usable = budget * (1 - DEFAULT_CUDA_MARGIN)
-    _, _, cfg = preset_spec(preset, seq_len)
-    plain = preset_profile(preset, cfg.seq_len, "none")
-    ckpt = preset_profile(preset, cfg.seq_len, "blocks")
+    try:
+        _, spec, cfg = preset_spec(preset, seq_len)
+    except ValueError as err:
+        print(f"no profile: {err}")
+        return
+    plain = preset_profile(preset, spec.seq_len, "none")
+    ckpt = preset_profile(preset, spec.seq_len, "blocks")
     profile = ckpt if checkpoint else plain
     peak = profile.predict_peak(b, accumulation_steps=k)
-    n = gpt_param_count(cfg)
-    print(f"{preset}, sequence {cfg.seq_len}: {n / 1e9:.2f} B parameters; Adam fp32, CUDA target")
+    n = param_count(cfg)
+    print(f"{preset} ({cfg.name}), sequence {spec.seq_len}: {n / 1e9:.2f} B parameters; Adam fp32, "
+          "CUDA target")
     print(f"effective batch B x K = {b} x {k} = {b * k}{', checkpointed' if checkpoint else ''}")
     fits = peak <= usable
     print(
@@ -140,9 +145,10 @@ def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable
         "budget_gb": 24.0,
     }
     moves = {
-        "preset llama-1b": {"preset": "llama-1b"},
-        "preset llama-7b": {"preset": "llama-7b"},
-        "sequence 2048": {"seq_len": 2048},
+        "preset llama-3.2-1b": {"preset": "llama-3.2-1b"},
+        "preset llama-3.1-8b": {"preset": "llama-3.1-8b", "seq_len": 4096},
+        "sequence 2048 (llama-3.2-1b)": {"preset": "llama-3.2-1b", "seq_len": 2048},
+        "sequence 2048 (gpt2-xl: refused)": {"seq_len": 2048},
         "B=1": {"micro_batch": 1},
         "B=16": {"micro_batch": 16},
         "K=1": {"accumulation_steps": 1},
@@ -154,9 +160,9 @@ def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable
 
 
 def check_exercise_1(floor_gb: object) -> str:
-    """Exercise 1: the floor of llama-7b with fp32 Adam, in GB (decimal)."""
-    truth = preset_profile("llama-7b", 4096, "none").floor_bytes / GB
+    """Exercise 1: the floor of Llama-3.1-8B with fp32 Adam, in GB (decimal)."""
     x = answer_number(floor_gb)
+    truth = 0.0 if x is None else preset_profile("llama-3.1-8b", 4096, "none").floor_bytes / GB
     if x is None:
         msg = f"Give a number of GB, got {type(floor_gb).__name__}."
     elif abs(x - truth) <= 0.02 * truth:
@@ -173,9 +179,13 @@ def check_exercise_1(floor_gb: object) -> str:
 
 def check_exercise_2(micro_batch: object, accumulation_steps: object, checkpoint: object) -> str:
     """Exercise 2: the planner's choice for gpt2-xl (sequence 1024), 40 GB card, 32 examples per update."""
+    answer = (micro_batch, accumulation_steps, checkpoint)
+    if answer == (None, None, None):
+        msg = "Give (micro_batch, accumulation_steps, checkpoint), e.g. (4, 8, False)."
+        print(msg)
+        return msg
     plain, ckpt = preset_profile("gpt2-xl", 1024, "none"), preset_profile("gpt2-xl", 1024, "blocks")
     plan = recommend(40 * GB * (1 - DEFAULT_CUDA_MARGIN), 32, plain, ckpt)
-    answer = (micro_batch, accumulation_steps, checkpoint)
     if answer == (plan.micro_batch, plan.accumulation_steps, plan.checkpoint):
         msg = f"Correct: {plan.describe()}. {plan.reason}"
     elif answer[:2] == (plan.micro_batch, plan.accumulation_steps):
@@ -189,21 +199,56 @@ def check_exercise_2(micro_batch: object, accumulation_steps: object, checkpoint
     return msg
 
 
+def per_example_bytes(profile: MemoryProfile) -> float:
+    """Bytes per example at the forward phase's peak: activations plus the rest that grows with the batch.
+
+    The split between the two categories moves with the point of the pass where the peak sits
+    (at one sequence of GPT-2 XL it is late in backward, at two at the loss), so the lesson
+    compares their sum, the slope of the peak itself.
+    """
+    return profile.activation_bytes_per_example + profile.other_bytes_per_example
+
+
 def check_exercise_3(bytes_saved: object) -> str:
-    """Exercise 3: activation bytes per example that checkpointing saves for gpt2-xl at sequence 1024."""
-    truth = (
-        preset_profile("gpt2-xl", 1024, "none").activation_bytes_per_example
-        - preset_profile("gpt2-xl", 1024, "blocks").activation_bytes_per_example
-    )
+    """Exercise 3: bytes per example that checkpointing saves for gpt2-xl at sequence 1024."""
     x = answer_number(bytes_saved)
+    truth = 0.0 if x is None else (per_example_bytes(preset_profile("gpt2-xl", 1024, "none"))
+                                   - per_example_bytes(preset_profile("gpt2-xl", 1024, "blocks")))
     if x is None:
         msg = f"Give a number of bytes, got {type(bytes_saved).__name__}."
     elif abs(x - truth) <= 0.03 * truth:
         msg = f"Correct: about {truth / 2**30:.2f} GiB per example, paid for with one extra forward pass."
     else:
         msg = (
-            "Not yet. Subtract the checkpointed profile's activation_bytes_per_example from the plain one's "
+            "Not yet. Subtract the checkpointed profile's lesson09.per_example_bytes from the plain one's "
             "(preset_profile('gpt2-xl', 1024, ...))."
         )
     print(msg)
     return msg
+
+
+def logits_memory(tokens: int = 128, hidden: int = 64, vocab: int = 8192, chunk: int = 16) -> dict[str, int]:
+    """Peak bytes of the LM head + loss + backward, measured on this CPU, with and without chunking.
+
+    Runs `helpers.tradeoffs.full_cross_entropy` and `chunked_cross_entropy` (the head and the loss a
+    chunk of tokens at a time, each chunk recomputed in backward) on random fp32 hidden states under
+    `helpers.memory.measure_step` (the CPU allocator's record). Returns {"full": ..., "chunked": ...},
+    the peak above the head's weight and the hidden states, and "logits": one fp32 logits tensor.
+    """
+    from helpers.memory import measure_step
+    from helpers.tradeoffs import chunked_cross_entropy, full_cross_entropy
+
+    for name, value in (("tokens", tokens), ("hidden", hidden), ("vocab", vocab), ("chunk", chunk)):
+        positive_int(name, value)
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(hidden, vocab, bias=False)
+    h = torch.randn(tokens, hidden, generator=gen, requires_grad=True)
+    y = torch.randint(vocab, (tokens,), generator=gen)
+    out = {"logits": tokens * vocab * 4}
+    for name, loss in (("full", lambda: full_cross_entropy(h, head.weight, y)),
+                       ("chunked", lambda: chunked_cross_entropy(h, head.weight, y, chunk))):
+        head.weight.grad, h.grad = None, None
+        m = measure_step(lambda loss=loss: loss().backward(), model=head)
+        out[name] = m.peak_bytes - m.breakdown["parameters"]
+    head.weight.grad, h.grad = None, None
+    return out
