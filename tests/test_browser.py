@@ -343,9 +343,14 @@ def _lesson(runs: dict[str, LessonRun], path: Path) -> LessonRun:
     return run
 
 
+# Lesson 00 ("start here") reads and decides: it has no B and K widgets to drive.
+LESSONS_WITH_WIDGETS = [p for p in NOTEBOOKS if not p.name.startswith("00_")]
+
+
 def test_lessons_are_numbered_without_gaps() -> None:
     numbers = [int(p.name[:2]) for p in NOTEBOOKS]
-    assert numbers == list(range(1, len(numbers) + 1)), f"lessons 01..NN expected, found {numbers}"
+    first = 0 if numbers and numbers[0] == 0 else 1  # 00 is the optional "start here" page
+    assert numbers == list(range(first, first + len(numbers))), f"lessons 00/01..NN expected, found {numbers}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
@@ -356,14 +361,14 @@ def test_lesson_runs_clean(runs: dict[str, LessonRun], path: Path) -> None:
     assert not run.unexecuted, f"{path.name}: Run All left code cells {run.unexecuted} unexecuted"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
+@pytest.mark.parametrize("path", LESSONS_WITH_WIDGETS, ids=lambda p: p.stem[:2])
 def test_lesson_offers_micro_batch_and_steps_controls(runs: dict[str, LessonRun], path: Path) -> None:
     run = _lesson(runs, path)
     missing = [c for c in CONTROLS if not any(c in label for label in run.controls)]
     assert not missing, f"{path.name}: no control labelled {missing}; its controls: {run.controls}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
+@pytest.mark.parametrize("path", LESSONS_WITH_WIDGETS, ids=lambda p: p.stem[:2])
 def test_lesson_shows_the_effective_batch(runs: dict[str, LessonRun], path: Path) -> None:
     run = _lesson(runs, path)
     assert re.search(r"B\s*x\s*K(\s*x\s*W)?\s*=\s*\d", run.widget_text), (  # lesson 07 adds W
@@ -371,7 +376,7 @@ def test_lesson_shows_the_effective_batch(runs: dict[str, LessonRun], path: Path
         f"('effective batch B x K = N'; a figure title cannot be read here)")
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
+@pytest.mark.parametrize("path", LESSONS_WITH_WIDGETS, ids=lambda p: p.stem[:2])
 def test_every_slider_redraws_its_output(runs: dict[str, LessonRun], path: Path) -> None:
     run = _lesson(runs, path)
     assert run.sliders, f"{path.name}: no slider in any widget output"

@@ -26,9 +26,9 @@ import matplotlib, matplotlib.pyplot, torch
 import helpers
 before = dict(matplotlib.rcParams)
 rng = torch.random.get_rng_state()
-names = sorted(m.name for m in pkgutil.iter_modules(helpers.__path__))
+names = sorted(m.name for m in pkgutil.walk_packages(helpers.__path__, "helpers."))
 for name in names:
-    importlib.import_module(f"helpers.{name}")
+    importlib.import_module(name)
 changed = sorted(k for k, v in matplotlib.rcParams.items() if before.get(k) != v)
 print(json.dumps({"modules": names, "changed": changed,
                   "rng_moved": not torch.equal(rng, torch.random.get_rng_state())}))
@@ -39,7 +39,7 @@ def test_importing_helpers_changes_no_global_state() -> None:
     out = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, capture_output=True, text=True,
                          check=True, env={**os.environ, "MPLBACKEND": "Agg"})
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "plots" in result["modules"] and "budget" in result["modules"]
+    assert "helpers.plots" in result["modules"] and "helpers.lessons.lesson01" in result["modules"]
     assert result["changed"] == [], f"importing helpers changed rcParams: {result['changed']}"
     assert not result["rng_moved"], "importing helpers moved torch's global RNG"
 

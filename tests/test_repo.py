@@ -44,7 +44,7 @@ def test_notebook_anatomy(path: Path) -> None:
     text = "\n".join(_src(c) for c in cells)
     assert "plt.show(" not in text, "use helpers.plots.show(fig), which also closes the figure"
     assert "use_reentrant=True" not in text
-    if not path.name.startswith("00_"):  # "start here" (lesson 00) reads and decides; it has no B and K widgets
+    if not path.name.startswith("00_"):  # "start here" (00) reads and decides: no B and K widgets
         assert re.search(r"\binteract\(|\bexplore\(", text), "each lesson has an Explore widget"
 
 
