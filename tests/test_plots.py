@@ -18,15 +18,16 @@ from helpers.plots import plot_measured_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Imports every helpers module in a fresh interpreter; prints what changed in matplotlib's
-# rcParams and whether torch's global RNG moved.
+# Imports every helpers module (the lesson modules in helpers/lessons/ included) in a fresh
+# interpreter; prints what changed in matplotlib's rcParams and whether torch's global RNG moved.
 _PROBE = """
 import importlib, json, pkgutil, sys
 import matplotlib, matplotlib.pyplot, torch
 import helpers
 before = dict(matplotlib.rcParams)
 rng = torch.random.get_rng_state()
-names = sorted(m.name for m in pkgutil.iter_modules(helpers.__path__))
+names = sorted(m.name.removeprefix("helpers.")  # lessons.lessonNN too
+               for m in pkgutil.walk_packages(helpers.__path__, prefix="helpers."))
 for name in names:
     importlib.import_module(f"helpers.{name}")
 changed = sorted(k for k, v in matplotlib.rcParams.items() if before.get(k) != v)
@@ -39,7 +40,7 @@ def test_importing_helpers_changes_no_global_state() -> None:
     out = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, capture_output=True, text=True,
                          check=True, env={**os.environ, "MPLBACKEND": "Agg"})
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "plots" in result["modules"] and "budget" in result["modules"]
+    assert "plots" in result["modules"] and "lessons.lesson01" in result["modules"]
     assert result["changed"] == [], f"importing helpers changed rcParams: {result['changed']}"
     assert not result["rng_moved"], "importing helpers moved torch's global RNG"
 
