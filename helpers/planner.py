@@ -19,6 +19,7 @@ Re-exported here (this module's public names stay where they were):
 - from `helpers.estimates`: `popular_estimates` -> `Estimate`s (the rules of thumb people use
   beside a measurement) and `remedy_floors` -> `RemedyFloor`s (what each state remedy leaves of
   the floor, per worker, with its caveat in `CAVEATS`).
+- from `helpers.formulas`: `korthikanti_activation_bytes`, the activation formula those estimates use.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from helpers.estimates import (
     popular_estimates,
     remedy_floors,
 )
+from helpers.formulas import korthikanti_activation_bytes
 from helpers.memory_profile import MemoryProfile, fit_profile
 from helpers.validate import positive_int, positive_number
 
@@ -44,7 +46,7 @@ __all__ = [
     "CAVEATS", "DECISION_RULE", "EIGHT_BIT", "FSDP", "GB", "MIXED_PRECISION", "PURE_BF16", "REMEDIES",
     "RULE_COROLLARY",
     "Estimate", "MemoryProfile", "Plan", "RemedyFloor", "decision_rule", "fit_profile", "popular_estimates",
-    "recommend", "remedy_floors",
+    "korthikanti_activation_bytes", "recommend", "remedy_floors",
 ]
 
 GB = 1e9  # the explainer speaks in decimal gigabytes
