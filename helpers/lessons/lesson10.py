@@ -84,7 +84,7 @@ class Sizes:
 
 _SIZES = {
     "tiny": Sizes(dict(vocab_size=64, hidden=32, layers=2, heads=2, max_len=16), 2, 2, 0.5,
-                  32, 2, 16, 2, 64, 64, 1024, 16, 4, 4),
+                  32, 2, 16, 2, 64, 256, 2048, 16, 4, 4),  # 16 chunks: fixed costs small beside the logits
     "small": Sizes(dict(vocab_size=256, hidden=64, layers=2, heads=4, max_len=32), 4, 4, 0.5,
                    64, 4, 64, 2, 256, 512, 8192, 64, 8, 8),
     "medium": Sizes(dict(vocab_size=8192, hidden=256, layers=4, heads=8, max_len=128), 8, 4, 0.5,
