@@ -27,12 +27,16 @@ from types import SimpleNamespace
 TESTS = {
     "helpers/memory.py": "tests/test_memory.py tests/test_tracker.py",
     "helpers/tracker.py": "tests/test_tracker.py tests/test_memory.py",
+    "helpers/timeline.py": "tests/test_tracker.py tests/test_memory.py",
     "helpers/accumulation.py": "tests/test_accumulation.py",
     "helpers/tokens.py": "tests/test_tokens.py",
     "helpers/checkpointing.py": "tests/test_checkpointing.py tests/test_saved_tensors.py",
     "helpers/planner.py": "tests/test_planner.py",
+    "helpers/memory_profile.py": "tests/test_planner.py tests/test_profiler_independent.py",
+    "helpers/estimates.py": "tests/test_planner.py",
     "helpers/distributed.py": "tests/test_distributed.py",
-    "helpers/updates.py": "tests/test_updates.py",
+    "helpers/fsdp.py": "tests/test_fsdp.py",
+    "helpers/formulas.py": "tests/test_formulas.py",
     "helpers/saved_tensors.py": "tests/test_saved_tensors.py",
     "helpers/phases.py": "tests/test_phases.py",
 }
