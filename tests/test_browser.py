@@ -252,6 +252,13 @@ def _run_lesson(browser: object, lab: Lab, name: str) -> LessonRun:
             arg=PANEL, timeout=120_000)
         _wait_idle(page, RUN_ALL_TIMEOUT_S)
         run.run_all_seconds = time.perf_counter() - t0
+        # A learner opens a collapsed "Going deeper" heading to use what is under it: do the same.
+        hidden = panel.locator(".jp-showHiddenCellsButton")
+        for _ in range(20):
+            if not hidden.count():
+                break
+            hidden.first.click()
+            page.wait_for_timeout(300)
 
         prompts = panel.locator(".jp-CodeCell .jp-InputArea-prompt").all_inner_texts()
         run.unexecuted = [i for i, p in enumerate(prompts) if not any(ch.isdigit() for ch in p)]
