@@ -47,7 +47,7 @@ tests=$(echo "$tests" | tr ' ' '\n' | sort -u | tr '\n' ' ')
 
 echo "== coverage: which test runs which line ($tests)"
 PYTHONPATH=scripts "$PY" -m coverage run --data-file=.coverage-ctx --include='helpers/*' \
-    -m pytest -q -p no:cacheprovider -p mutmut_cov $tests | tail -1
+    -m pytest -q -rf -p no:cacheprovider -p mutmut_cov $tests | grep -E "^FAILED|passed|failed"
 "$PY" scripts/mutmut_cov.py map .coverage-ctx mutmut_map.json
 
 # One mutmut run per module, each in its own copy with its own fork server; MUTATE_JOBS of them
