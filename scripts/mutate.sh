@@ -33,7 +33,7 @@ start=$(date +%s)
 cd "$ROOT"
 rm -f .mutate/problems.log .mutate/survivors.txt
 mkdir "$WORK/src"
-tar cf - --exclude=__pycache__ helpers tests scripts conftest.py pyproject.toml | tar xf - -C "$WORK/src"
+tar cf - --exclude=__pycache__ helpers tests scripts notebooks conftest.py pyproject.toml | tar xf - -C "$WORK/src"
 cp scripts/mutmut_config.py "$WORK/src/mutmut_config.py"
 cd "$WORK/src"
 

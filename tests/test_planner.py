@@ -541,7 +541,8 @@ def test_lessons_restate_the_rule_word_for_word(notebook: str) -> None:
     import json
     from pathlib import Path
 
-    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / notebook).read_text(encoding="utf-8"))["cells"]
+    path = Path(__file__).resolve().parent.parent / "notebooks" / notebook
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     for step in (*planner.DECISION_RULE, planner.RULE_COROLLARY):
         assert step in markdown, (notebook, step)
