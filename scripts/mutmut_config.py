@@ -37,8 +37,9 @@ TESTS = {
     "helpers/distributed.py": "tests/test_distributed.py",
     "helpers/fsdp.py": "tests/test_fsdp.py",
     "helpers/formulas.py": ("tests/test_formulas.py tests/test_phases.py tests/test_pitfalls.py "
-                            "tests/test_planner.py tests/test_saved_tensors.py tests/lessons/test_lesson01.py "
-                            "tests/lessons/test_lesson03.py tests/lessons/test_lesson05.py"),
+                            "tests/test_planner.py tests/test_saved_tensors.py "
+                            "tests/lessons/test_lesson01.py tests/lessons/test_lesson03.py "
+                            "tests/lessons/test_lesson05.py"),
     "helpers/saved_tensors.py": "tests/test_saved_tensors.py",
     "helpers/phases.py": "tests/test_phases.py",
 }
