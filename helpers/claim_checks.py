@@ -35,9 +35,10 @@ def _adam_step(lab: Lab) -> tuple[dict[str, float], int]:
     return lab.once("adam_step", lambda: _measure_adam_step(lab))
 
 
-def _measure_adam_step(lab: Lab) -> tuple[dict[str, float], int]:
+def _step_timeline(lab: Lab, optimizer_cls: type[torch.optim.Optimizer]):  # noqa: ANN202 - a Timeline
+    """The memory timeline of one training step of the lab model on 4 sequences (grads cleared after)."""
     model, (idx, tgt) = lab.model, lab.tokens(4)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = optimizer_cls(model.parameters(), lr=1e-3)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -45,10 +46,13 @@ def _measure_adam_step(lab: Lab) -> tuple[dict[str, float], int]:
         opt.step()
 
     try:
-        timeline = record_timeline(step, model=model, optimizer=opt)
+        return record_timeline(step, model=model, optimizer=opt)
     finally:
         opt.zero_grad(set_to_none=True)
-    return timeline.at(-1), param_bytes(model)
+
+
+def _measure_adam_step(lab: Lab) -> tuple[dict[str, float], int]:
+    return _step_timeline(lab, torch.optim.Adam).at(-1), param_bytes(lab.model)
 
 
 def _c_saved(lab: Lab) -> Evidence:
@@ -62,16 +66,7 @@ def _c_saved(lab: Lab) -> Evidence:
 
 
 def _c_released(lab: Lab) -> Evidence:
-    model, (idx, tgt) = lab.model, lab.tokens(4)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        lm_loss(model(idx), tgt).backward()
-        opt.step()
-
-    timeline = record_timeline(step, model=model, optimizer=opt)
-    opt.zero_grad(set_to_none=True)
+    timeline = _step_timeline(lab, torch.optim.SGD)
     acts, phases = timeline.series["activations"], timeline.phases
     left = acts[phases.index("optimizer") - 1] / max(acts)
     return Evidence(left < 0.05, left, "fraction of peak",
