@@ -2,7 +2,7 @@
 never asserted).
 
 - `count_flops(fn)`, `blocks_forward_flops(model, b)`: FLOPs from `torch.utils.flop_counter`.
-- `count_ops(fn)`: aten ops dispatched (kernel launches), with a `helpers.tracker.OpObserver`.
+- `count_ops(fn)`: aten ops dispatched (kernel launches), with a `helpers.dispatch.OpObserver`.
 - `interleaved_times(fns)` -> {name: `Timing`}: THE timing helper (warmed up, interleaved);
   `Timing` holds seconds, and `Timing.per_second(n)` the same runs as a rate.
 """
@@ -17,9 +17,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.device import synchronize
+from helpers.dispatch import OpObserver
 from helpers.memory import run_or_oom
 from helpers.models import GPT, device_of
-from helpers.tracker import OpObserver
 from helpers.validate import bool_arg, callable_arg, instance_arg, int_at_least, positive_int
 
 __all__ = ["Timing", "blocks_forward_flops", "count_flops", "count_ops", "interleaved_times"]
@@ -55,7 +55,7 @@ def count_ops(fn: Callable[[], object]) -> int:
         fn: a zero-argument callable, the work to count.
 
     Returns:
-        The number of aten ops dispatched, seen by a `helpers.tracker.OpObserver`.
+        The number of aten ops dispatched, seen by a `helpers.dispatch.OpObserver`.
     """
     callable_arg("fn", fn, "a zero-argument callable")
     with _OpCounter() as counter:

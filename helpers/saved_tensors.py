@@ -23,8 +23,8 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import CheckpointPolicy
 
+from helpers.dispatch import OpObserver
 from helpers.memory import saved_activation_bytes
-from helpers.tracker import OpObserver
 from helpers.validate import callable_arg, instance_arg, int_at_least, tensor_arg
 
 __all__ = [

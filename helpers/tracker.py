@@ -1,7 +1,7 @@
 """The live-storage tracker behind every memory figure (core, all lessons).
 
-`MemoryTracker` is a `TorchDispatchMode` (an `OpObserver`): it sees every aten op, and so
-every tensor storage an op creates, and records when each storage is freed.
+`MemoryTracker` is a `TorchDispatchMode` (an `OpObserver`, from `helpers.dispatch`): it sees
+every aten op, and so every tensor storage an op creates, and records when each storage is freed.
 `build_timeline` (in `helpers.timeline`, re-exported here) turns those lifetimes into live
 bytes by category after every op. `helpers.memory`
 builds the lessons' measurements (`measure_step`, `saved_activation_bytes`, ...) on it.
@@ -63,8 +63,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers.dispatch import OpObserver, _data_ptr, _freeze_gc, _storage_key, _unfreeze_gc, tensors_in
 from helpers.held_outputs import output_tensors, saving_nodes
 from helpers.timeline import CATEGORIES, Timeline, _Record, build_timeline
 
@@ -76,52 +76,6 @@ __all__ = [
 # kernel_buffers(func, args, kwargs, out) -> bytes the op allocates inside itself and frees before
 # returning, or (those bytes, bytes it leaves held until MemoryTracker.drop_held())
 KernelBuffers = Callable[[object, tuple, dict, object], int | tuple[int, int]]
-
-
-def tensors_in(tree: object) -> list[torch.Tensor]:
-    """Every tensor in a nested structure (tuples, lists, dicts) of op arguments or results."""
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    found, todo = [], [tree]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, torch.Tensor):
-            found.append(item)
-        elif isinstance(item, tuple | list):
-            todo.extend(reversed(item))
-        elif isinstance(item, dict):
-            todo.extend(reversed(item.values()))
-    return found
-
-
-def _storage_key(t: torch.Tensor) -> tuple[int, torch.UntypedStorage] | None:
-    try:
-        st = t.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # tensors without storage (subclasses)
-        return None
-    return st._cdata, st
-
-
-class OpObserver(TorchDispatchMode):
-    """The one `TorchDispatchMode` base of the project: run each aten op, then show it to `observe`.
-
-    Use a subclass as a context manager; every aten op run inside it (forward, backward,
-    optimizer step) is run unchanged and then passed to `observe(func, args, kwargs, out)`.
-    `self.window` holds the op's (start, end) in `time.time_ns()`.
-    """
-
-    window: tuple[int, int] = (0, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        kwargs = kwargs or {}
-        t0 = time.time_ns()
-        out = func(*args, **kwargs)
-        self.window = (t0, time.time_ns())
-        self.observe(func, args, kwargs, out)
-        return out
-
-    def observe(self, func: object, args: tuple, kwargs: dict, out: object) -> None:
-        """Look at one op that just ran (`func` is its `torch._ops.OpOverload`); override this."""
 
 
 class MemoryTracker(OpObserver):
@@ -412,28 +366,3 @@ def release_point(outputs: object, loss: torch.Tensor | None = None) -> None:
     """
     for tracker in _ACTIVE:
         tracker.could_release(outputs, loss)
-
-
-def _data_ptr(st: torch.UntypedStorage) -> int:
-    try:
-        return st.data_ptr()
-    except (RuntimeError, NotImplementedError):
-        return 0
-
-
-class _GcFreeze:
-    """`gc.freeze()` shared by nested trackers: the outermost exit alone unfreezes."""
-
-    depth = 0
-
-
-def _freeze_gc() -> None:
-    if _GcFreeze.depth == 0:
-        gc.freeze()
-    _GcFreeze.depth += 1
-
-
-def _unfreeze_gc() -> None:
-    _GcFreeze.depth -= 1
-    if _GcFreeze.depth == 0:
-        gc.unfreeze()

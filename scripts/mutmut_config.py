@@ -27,6 +27,7 @@ from types import SimpleNamespace
 TESTS = {
     "helpers/memory.py": "tests/test_memory.py tests/test_tracker.py",
     "helpers/tracker.py": "tests/test_tracker.py tests/test_memory.py",
+    "helpers/dispatch.py": "tests/test_tracker.py tests/test_memory.py",
     "helpers/timeline.py": "tests/test_tracker.py tests/test_memory.py",
     "helpers/accumulation.py": "tests/test_accumulation.py",
     "helpers/tokens.py": "tests/test_tokens.py",

@@ -10,8 +10,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from helpers.dispatch import _GcFreeze
 from helpers.timeline import _Record, build_timeline
-from helpers.tracker import MemoryTracker, _GcFreeze
+from helpers.tracker import MemoryTracker
 
 
 def test_build_timeline_from_known_lifetimes() -> None:

@@ -1,0 +1,93 @@
+"""The dispatch level that every op-watching instrument builds on: one mode base, one tensor walk.
+
+- `OpObserver`: the project's one `TorchDispatchMode` base; it runs each aten op unchanged and
+  shows it to `observe` (`helpers.tracker.MemoryTracker`, `helpers.costs.count_ops` and
+  `helpers.saved_tensors` subclass it).
+- `tensors_in(tree)`: every tensor in a nested structure of op arguments or results.
+- `_storage_key(t)`, `_data_ptr(st)`: the key and the address of a tensor's storage.
+- `_freeze_gc()` / `_unfreeze_gc()`: one `gc.freeze()` shared by nested observed regions, so
+  the collections inside them scan only what the region creates.
+
+`helpers.tracker` re-exports these names.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["OpObserver", "tensors_in"]
+
+
+def tensors_in(tree: object) -> list[torch.Tensor]:
+    """Every tensor in a nested structure (tuples, lists, dicts) of op arguments or results."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    found, todo = [], [tree]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, tuple | list):
+            todo.extend(reversed(item))
+        elif isinstance(item, dict):
+            todo.extend(reversed(item.values()))
+    return found
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, torch.UntypedStorage] | None:
+    try:
+        st = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (subclasses)
+        return None
+    return st._cdata, st
+
+
+class OpObserver(TorchDispatchMode):
+    """The one `TorchDispatchMode` base of the project: run each aten op, then show it to `observe`.
+
+    Use a subclass as a context manager; every aten op run inside it (forward, backward,
+    optimizer step) is run unchanged and then passed to `observe(func, args, kwargs, out)`.
+    `self.window` holds the op's (start, end) in `time.time_ns()`.
+    """
+
+    window: tuple[int, int] = (0, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        t0 = time.time_ns()
+        out = func(*args, **kwargs)
+        self.window = (t0, time.time_ns())
+        self.observe(func, args, kwargs, out)
+        return out
+
+    def observe(self, func: object, args: tuple, kwargs: dict, out: object) -> None:
+        """Look at one op that just ran (`func` is its `torch._ops.OpOverload`); override this."""
+
+
+def _data_ptr(st: torch.UntypedStorage) -> int:
+    try:
+        return st.data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+class _GcFreeze:
+    """`gc.freeze()` shared by nested trackers: the outermost exit alone unfreezes."""
+
+    depth = 0
+
+
+def _freeze_gc() -> None:
+    if _GcFreeze.depth == 0:
+        gc.freeze()
+    _GcFreeze.depth += 1
+
+
+def _unfreeze_gc() -> None:
+    _GcFreeze.depth -= 1
+    if _GcFreeze.depth == 0:
+        gc.unfreeze()
