@@ -1,4 +1,4 @@
-"""Worker processes a notebook can trust: a persistent pool and a torchrun launcher (core).
+"""Worker processes a notebook can trust: the persistent pool, and the one import for both launchers (core).
 
 The process plumbing behind lesson 07 (and any lesson that starts real workers). It
 runs on PyTorch's own distributed engine: gloo between CPU processes, NCCL between
@@ -10,11 +10,11 @@ GPUs when there are at least as many GPUs as workers. Nothing is simulated.
   `pool.run(fn, *args)` runs the module-level `fn` on every rank and returns the
   W results in rank order. `launch(fn, world_size, *args)` is the one-shot form;
   `shared_pool(w)` starts one pool per size and reuses it (closed at exit).
-- `run_torchrun(script, world_size, *args)`: runs a worker *script* with
+- `run_torchrun(script, world_size, *args)` (from `helpers.torchrun`): runs a worker *script* with
   `python -m torch.distributed.run --nproc_per_node=W` on a free loopback port,
   the way people launch it on a cluster. Inside the script, `save_result(obj)`
   hands a result back and `run_main(main)` reports an exception with its rank.
-- `pick_backend(w)`, `max_workers()`, `group_for(w)`, `free_port()`.
+- `pick_backend(w)`, `max_workers()` (from `helpers.processes`), `group_for(w)`, `free_port()`.
 
 Both launchers guarantee: when a worker raises, the parent raises `WorkerError`
 promptly with that worker's rank and message (the first failure, not the echoes it
@@ -32,22 +32,25 @@ import io
 import os
 import queue
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 import traceback
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from helpers.processes import (
+    WorkerError,
+    _redirect_output,
+    _tail,
+    _watch_parent,
+    max_workers,
+    pick_backend,
+)
+from helpers.torchrun import RESULTS_ENV, free_port, run_main, run_torchrun, save_result
 from helpers.validate import callable_arg, choice, positive_int, positive_number
 
 __all__ = [
@@ -65,74 +68,10 @@ __all__ = [
     "shared_pool",
 ]
 
-LOG_TAIL = 3000  # characters of a worker log shown with an error
 # How WorkerPool starts its workers: "spawn" (the default: a fresh interpreter, safe everywhere).
 # `make mutate` sets "fork", so each worker inherits the torch (and the mutated helpers) its parent
 # has imported instead of importing them again: seconds saved on each of hundreds of mutants.
 POOL_START_ENV = "LESSONS_POOL_START"
-
-
-class WorkerError(RuntimeError):
-    """A worker process failed: `rank` (None if unknown) and the worker's `message`."""
-
-    def __init__(self, rank: int | None, message: str) -> None:
-        self.rank, self.message = rank, message
-        where = f"worker rank {rank}" if rank is not None else "a worker"
-        super().__init__(f"{where} failed: {message}")
-
-
-# -- process plumbing ------------------------------------------------------------------
-def _watch_parent(parent_pid: int, cleanup: str | None = None) -> None:
-    """Exit this process as soon as its parent is gone (no orphans after a kernel crash).
-
-    `cleanup`: a folder to delete first (the pool's files, which the dead parent cannot remove).
-    """
-
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent_pid:
-                if cleanup:
-                    shutil.rmtree(cleanup, ignore_errors=True)
-                os._exit(1)
-            time.sleep(0.5)
-
-    threading.Thread(target=watch, daemon=True, name="watch-parent").start()
-
-
-def _redirect_output(log_path: str) -> None:
-    """Send this process's stdout and stderr (Python and C level) to `log_path`."""
-    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = sys.stderr = log
-
-
-def _tail(path: Path | str, n: int = LOG_TAIL) -> str:
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
-    return text[-n:]
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def pick_backend(world_size: int) -> str:
-    """'nccl' when this machine has at least `world_size` CUDA GPUs, else 'gloo' (CPU)."""
-    positive_int("world_size", world_size)
-    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size and dist.is_nccl_available():
-        return "nccl"
-    return "gloo"
-
-
-def max_workers() -> int:
-    """The most workers the widget offers: the CPU cores (at most 4), or the GPUs under NCCL."""
-    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
-        return min(torch.cuda.device_count(), 4)
-    return max(1, min(os.cpu_count() or 1, 4))
 
 
 # -- a persistent pool -----------------------------------------------------------------
@@ -325,119 +264,3 @@ def shared_pool(world_size: int | None = None) -> WorkerPool:
             atexit.register(_close_shared_pools)
         pool = _SHARED[w] = WorkerPool(w)
     return pool
-
-
-# -- torchrun --------------------------------------------------------------------------
-RESULTS_ENV = "LESSONS_RESULTS_DIR"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _results_dir() -> Path:
-    path = os.environ.get(RESULTS_ENV)
-    if not path:
-        raise RuntimeError(f"{RESULTS_ENV} is not set: start this script with "
-                           "helpers.launcher.run_torchrun")
-    return Path(path)
-
-
-def save_result(obj: object) -> None:
-    """In a worker script: hand `obj` back to `run_torchrun` (one result per rank)."""
-    torch.save(obj, _results_dir() / f"rank{int(os.environ['RANK'])}.pt")
-
-
-def run_main(main: Callable[[], object]) -> None:
-    """In a worker script: run `main()`; on an exception, record rank + message and exit 1.
-
-    Also records the process id (so the parent can make sure it is gone) and
-    exits if the launcher that started this process disappears.
-    """
-    rank, out = int(os.environ.get("RANK", "0")), _results_dir()
-    (out / f"rank{rank}.pid").write_text(str(os.getpid()))
-    _watch_parent(os.getppid())
-    try:
-        main()
-    except BaseException as exc:  # noqa: BLE001 - recorded, then the process exits non-zero
-        (out / f"rank{rank}.error").write_text(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-        sys.stderr.write(traceback.format_exc())
-        sys.stderr.flush()
-        os._exit(1)  # do not wait for collectives that will never finish
-
-
-def _first_error(out: Path) -> WorkerError | None:
-    errors = sorted(out.glob("rank*.error"), key=lambda p: p.stat().st_mtime_ns)
-    if not errors:
-        return None
-    rank = int(errors[0].stem.removeprefix("rank"))
-    return WorkerError(rank, errors[0].read_text())
-
-
-def run_torchrun(script: str | os.PathLike, world_size: int, *script_args: str,
-                 timeout_s: float = 180.0) -> list[object]:
-    """Run `script` under `python -m torch.distributed.run --nproc_per_node=world_size`.
-
-    Rendezvous on 127.0.0.1 at a free port; `OMP_NUM_THREADS=1`; the repository
-    root on `PYTHONPATH` so the script can import `helpers`. The script calls
-    `save_result(obj)` on each rank (inside `run_main(main)`); the results come
-    back in rank order. The launcher's and workers' output goes to a log that is
-    attached to any error. Raises `WorkerError` (rank and message of the first
-    failure) when a worker raised, `TimeoutError` after `timeout_s`; in both cases
-    the launcher and every worker are gone when it returns.
-    """
-    script = Path(script)
-    if not script.is_file():
-        raise ValueError(f"script {str(script)!r} does not exist")
-    positive_int("world_size", world_size)
-    positive_number("timeout_s", timeout_s)
-    out = Path(tempfile.mkdtemp(prefix="lesson07-torchrun-"))
-    root = str(Path(__file__).resolve().parent.parent)
-    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, **{RESULTS_ENV: str(out), "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
-    env.pop("LESSONS_STRICT", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world_size}",
-           "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-           "--monitor_interval=0.1", str(script), *map(str, script_args)]
-    log_path = out / "torchrun.log"
-    try:
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
-            try:
-                code = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                code = None
-            finally:
-                _stop_group(proc)
-                for pid_file in out.glob("rank*.pid"):
-                    _kill(int(pid_file.read_text()))
-        if code is None:
-            raise TimeoutError(f"{script.name} did not finish within {timeout_s:g} s; the launcher and "
-                               f"every worker were killed. Log tail:\n{_tail(log_path)}")
-        error = _first_error(out)
-        if error is not None:
-            raise error
-        if code != 0:
-            raise WorkerError(None, f"torchrun exited with code {code}. Log tail:\n{_tail(log_path)}")
-        missing = [r for r in range(world_size) if not (out / f"rank{r}.pt").exists()]
-        if missing:
-            raise WorkerError(missing[0], f"ranks {missing} finished without calling save_result(...)")
-        return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the launcher's process group (torchrun then stops its workers), then SIGKILL."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()

@@ -1,0 +1,96 @@
+"""The rules every worker process keeps, whichever launcher started it (core).
+
+`helpers.launcher.WorkerPool` and `helpers.torchrun.run_torchrun` both build on these:
+
+- `WorkerError(rank, message)`: what the parent raises when a worker fails.
+- `_watch_parent(pid)`: a worker exits on its own as soon as its parent is gone (no orphans).
+- `_redirect_output(log)`, `_tail(log)`: a worker's stdout and stderr go to a log, shown only
+  (its tail) when something fails, so a notebook cell never gets stray stderr.
+- `_kill(pid)`: SIGKILL, ignoring a process that is already gone.
+- `pick_backend(w)`, `max_workers()`: gloo or NCCL for W workers, and how many the widget offers.
+
+`helpers.launcher` re-exports the public names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from helpers.validate import positive_int
+
+__all__ = ["WorkerError", "max_workers", "pick_backend"]
+
+LOG_TAIL = 3000  # characters of a worker log shown with an error
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed: `rank` (None if unknown) and the worker's `message`."""
+
+    def __init__(self, rank: int | None, message: str) -> None:
+        self.rank, self.message = rank, message
+        where = f"worker rank {rank}" if rank is not None else "a worker"
+        super().__init__(f"{where} failed: {message}")
+
+
+# -- process plumbing ------------------------------------------------------------------
+def _watch_parent(parent_pid: int, cleanup: str | None = None) -> None:
+    """Exit this process as soon as its parent is gone (no orphans after a kernel crash).
+
+    `cleanup`: a folder to delete first (the pool's files, which the dead parent cannot remove).
+    """
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                if cleanup:
+                    shutil.rmtree(cleanup, ignore_errors=True)
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True, name="watch-parent").start()
+
+
+def _redirect_output(log_path: str) -> None:
+    """Send this process's stdout and stderr (Python and C level) to `log_path`."""
+    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+
+
+def _tail(path: Path | str, n: int = LOG_TAIL) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    return text[-n:]
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def pick_backend(world_size: int) -> str:
+    """'nccl' when this machine has at least `world_size` CUDA GPUs, else 'gloo' (CPU)."""
+    positive_int("world_size", world_size)
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def max_workers() -> int:
+    """The most workers the widget offers: the CPU cores (at most 4), or the GPUs under NCCL."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+        return min(torch.cuda.device_count(), 4)
+    return max(1, min(os.cpu_count() or 1, 4))
