@@ -1,12 +1,7 @@
-"""Instruments and widgets for gradient accumulation (lesson 03).
+"""Lesson 03 (notebooks/03_gradient_accumulation.ipynb): its widgets, plots, sizes and exercise checkers.
 
-- `micro_step_memory(loop, model)`: live memory after each micro-step of a loop
-  written in the notebook, measured with `helpers.memory.MemoryTracker`
-  (labelled by `tracker_method(device)`).
 - `throughput_sweep(...)`: interleaved, warmed-up timings with their spread
   (shown, never asserted).
-- `group_gradient(...)`, `angle_degrees(...)`: the true gradient of a group at
-  the current weights (without touching `.grad`), and the angle to another one.
 - `gradient_error(...)` / `show_gradient_error(...)` (max relative error) and
   `show_micro_step_memory(...)`: the widgets' work.
 - `scatter_grads(...)`, `plot_micro_step_memory(...)`: the lesson's plots.
@@ -15,8 +10,9 @@
   (the memory widget's moves run the loops the notebook passes).
 - `check_exercise_1..4`: the exercises' checkers.
 
-The gradient API itself (`flat_grad`, `full_batch_grad`, `accumulated_grad`,
-`compare_grads`) is in `helpers.accumulation`.
+The instruments it uses live apart: the gradient API (`flat_grad`, `full_batch_grad`,
+`accumulated_grad`, `compare_grads`, `group_gradient`, `angle_degrees`) in `helpers.accumulation`,
+`micro_step_memory` in `helpers.memory`.
 """
 
 from __future__ import annotations
@@ -178,9 +174,6 @@ def plot_micro_step_memory(ax: Axes, results: dict[str, MicroStepMemory], *,
     ax.set_ylabel("live memory above start\n(x one micro-batch's activations)")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=1)
-
-
-# -- the true gradient, and angles -----------------------------------------------------
 
 
 # -- throughput (shown, not asserted) ----------------------------------------------------
