@@ -18,14 +18,14 @@ import contextlib
 import importlib
 import io
 import pkgutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from helpers.device import SCALES, synchronize
+from helpers.costs import interleaved_times
+from helpers.device import SCALES
 
 PROTOCOL = "widget_latency_cases"
 LIMIT_S = 1.0  # the target for one slider move at the `small` scale (idle 2-core CPU): a figure, not a test
@@ -90,17 +90,16 @@ def build_cases(builder: CaseBuilder, scale: str, device: torch.device) -> dict[
 
 
 def _one_call(fn: Callable[[], object], device: torch.device) -> float:
-    """Seconds of one call of `fn`, its display and print output swallowed, figures closed after."""
+    """Seconds of one call of `fn`, its display and print output swallowed, figures closed after.
+
+    Timed by the project's one timing helper, `helpers.costs.interleaved_times` (one run, no warm-up).
+    """
     import matplotlib.pyplot as plt
     from IPython.utils.capture import capture_output
 
     try:
         with capture_output(), contextlib.redirect_stdout(io.StringIO()):
-            synchronize(device)
-            start = time.perf_counter()
-            fn()
-            synchronize(device)
-            return time.perf_counter() - start
+            return interleaved_times({"move": fn}, device=device, repeats=1, warmup=0)["move"].median
     finally:
         plt.close("all")
 
