@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from helpers import formulas, planner
 from helpers.data import regression_batch
-from helpers.lessons.lesson06 import lesson_config
 from helpers.memory import StepMemory, measure_step
 from helpers.models import GPTConfig, ResidualMLP
 from helpers.phases import PhaseMemory, measure_phases
@@ -176,7 +175,7 @@ def test_recommend_validates(kwargs: dict, error: type, match: str) -> None:
 
 # -- estimators and remedies -------------------------------------------------------------------
 def test_popular_estimates() -> None:
-    cfg = lesson_config("tiny")
+    cfg = GPTConfig(vocab_size=1024, seq_len=16, d_model=32, n_heads=2, n_layers=2, dropout=0.0)
     est = planner.popular_estimates(cfg, 1000, 4, 64_000, checkpointed=False, planner_bytes=60_000)
     by = {e.name.split(" (")[0]: e for e in est}
     assert by["weights only"].predicted_bytes == 4000 and by["16 B/param"].predicted_bytes == 16_000
