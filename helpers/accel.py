@@ -68,7 +68,11 @@ class GradientStateView:
 
 
 def gradient_state() -> GradientStateView:
-    """Read the process-wide `accelerate.state.GradientState` (creating it if none exists)."""
+    """Read the process-wide `accelerate.state.GradientState` (creating it if none exists).
+
+    Returns:
+        A `GradientStateView` of its flags and step count.
+    """
     from accelerate.state import GradientState
 
     state = GradientState()
@@ -90,9 +94,15 @@ def reset_gradient_state() -> None:
 def fresh_accelerator(k: int, *, device: torch.device | str = "cpu") -> object:
     """An `Accelerator(gradient_accumulation_steps=k)` that no earlier Trainer can disturb.
 
-    Clears the shared `GradientState` first (see the module note). On a CPU device it
-    passes `cpu=True`. The frameworks' loggers are set to errors only
-    (`helpers.frameworks.silence_logs`).
+    Clears the shared `GradientState` first (see the module note). The frameworks' loggers
+    are set to errors only (`helpers.frameworks.silence_logs`).
+
+    Args:
+        k: gradient accumulation steps.
+        device: a CPU device passes `cpu=True`.
+
+    Returns:
+        The `accelerate.Accelerator`.
     """
     from accelerate import Accelerator
 
@@ -134,8 +144,16 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, n_group: int, k: int)
     """Summed token cross-entropy / the group's valid tokens, times K (and times W under DDP).
 
     `accelerator.backward` divides every loss by K and DDP averages over W workers;
-    multiplying by K (x W) first leaves lesson 05's group-token-count gradient. Pass
-    `k = K x W` with W workers. This is Accelerate's own recipe for padded batches.
+    multiplying by K (x W) first leaves lesson 05's group-token-count gradient. This is
+    Accelerate's own recipe for padded batches.
+
+    Args:
+        logits, labels: one micro-batch's logits and labels.
+        n_group: the group's valid tokens.
+        k: K, or K x W with W workers.
+
+    Returns:
+        The loss, a scalar tensor.
     """
     positive_int("n_group", n_group)
     positive_int("k", k)
@@ -192,11 +210,17 @@ def _warm_up() -> bool:
 
 
 def start_workers(world_size: int = 2) -> Future:
-    """Start `world_size` gloo workers in the background and warm them up; a Future of the pool.
+    """Start `world_size` gloo workers in the background and warm them up.
 
     Spawned workers spend seconds importing torch, Accelerate and DDP's modules. Started
-    early, they do it while the caller works on. `future.result()` is a
-    `helpers.launcher.WorkerPool` for `two_worker_update(..., pool=...)`; close it after.
+    early, they do it while the caller works on.
+
+    Args:
+        world_size: workers to start.
+
+    Returns:
+        A Future whose `result()` is a `helpers.launcher.WorkerPool` for
+        `two_worker_update(..., pool=...)`; close it after.
     """
     from helpers.launcher import WorkerPool
 
@@ -215,10 +239,17 @@ def start_workers(world_size: int = 2) -> Future:
 
 def two_worker_update(k: int, micro_batch: int, width: int, updates: int = 2, world_size: int = 2, *,
                       pool: object | None = None) -> list[dict[str, object]]:
-    """`worker_update` on `world_size` gloo workers (joined in one group); results in rank order.
+    """`worker_update` on `world_size` gloo workers (joined in one group).
 
-    Runs on `pool` (from `start_workers`) when given, else on workers started for this call.
     Needs a `__main__` that can be re-imported (a notebook, a test, or a guarded script).
+
+    Args:
+        k, micro_batch, width, updates: passed to `worker_update`.
+        world_size: workers.
+        pool: workers from `start_workers`; None starts workers for this call.
+
+    Returns:
+        Each rank's `worker_update` result, in rank order.
     """
     from helpers.launcher import launch
 

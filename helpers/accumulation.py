@@ -129,9 +129,14 @@ def cleared_grads(model: nn.Module) -> Iterator[nn.Module]:
 def flat_grad(model: nn.Module) -> torch.Tensor:
     """All parameters' gradients as one detached 1-D tensor (a copy).
 
-    Parameters that require grad but have `.grad is None` contribute zeros, so
-    the vector always has the same length for the same model. Reads `.grad`
-    only; it does not change it.
+    Reads `.grad` only; it does not change it.
+
+    Args:
+        model: the model whose trainable parameters' gradients it reads.
+
+    Returns:
+        The flat gradient; a parameter whose `.grad` is None contributes zeros, so the
+        vector always has the same length for the same model.
     """
     params = trainable_params(model)
     parts = [
@@ -150,6 +155,14 @@ def full_batch_grad(
     This is the reference that accumulation must reproduce. Grads are cleared
     before and after (see the module docstring); the model's mode and the RNG
     are left alone.
+
+    Args:
+        model: the model (its trainable parameters).
+        loss_fn: `loss_fn(model(x), y)` -> a mean loss.
+        inputs, targets: the whole batch.
+
+    Returns:
+        The gradient as one flat 1-D tensor (see `flat_grad`).
     """
     trainable_params(model)
     check_batch(inputs, targets)
@@ -169,17 +182,24 @@ def accumulated_grad(
 ) -> torch.Tensor:
     """Gradient summed over micro-batches of `micro_batch` examples, one backward each.
 
-    With `scale=True` each micro-batch's mean loss is multiplied by its share
-    of the examples, n_i / N, before backward. With equal micro-batches that
-    is `loss / K` (K = number of micro-batches), and the result equals
-    `full_batch_grad` up to rounding, also when the last micro-batch is
-    smaller. With `scale=False` the raw mean losses are back-propagated, so
-    the result is about K times the full-batch gradient.
+    Grads are cleared before and after; the model's mode and the RNG are left alone.
 
-    Raises `ValueError` for `micro_batch < 1`, `micro_batch > N`, empty inputs,
-    or inputs and targets of different lengths (a `TypeError`, which is also a
-    `ValueError`, for a wrong type). Grads are cleared before and after; the
-    model's mode and the RNG are left alone.
+    Args:
+        model: the model (its trainable parameters).
+        loss_fn: `loss_fn(model(x), y)` -> a mean loss.
+        inputs, targets: the whole batch of N examples.
+        micro_batch: examples per micro-batch (1 to N); the last may be smaller.
+        scale: multiply each micro-batch's mean loss by its share of the examples,
+            n_i / N, before backward (`loss / K` for equal micro-batches), so that the
+            result equals `full_batch_grad` up to rounding. False back-propagates the raw
+            mean losses: about K times the full-batch gradient.
+
+    Returns:
+        The accumulated gradient as one flat 1-D tensor (see `flat_grad`).
+
+    Raises:
+        ValueError: for `micro_batch < 1` or `> N`, empty inputs, or inputs and targets of
+            different lengths (a `TypeError`, which is also a `ValueError`, for a wrong type).
     """
     trainable_params(model)
     n = check_batch(inputs, targets)
@@ -214,7 +234,18 @@ class GradDiff:
 
 
 def compare_grads(reference: torch.Tensor, candidate: torch.Tensor) -> GradDiff:
-    """Compare two flat gradients (computed in float64); see `GradDiff` for the fields."""
+    """Compare two flat gradients, in float64.
+
+    Args:
+        reference: the gradient taken as true (finite, non-zero).
+        candidate: the gradient compared with it, of the same shape.
+
+    Returns:
+        A `GradDiff` (max_abs, max_rel, norm_ratio, cosine, l2_rel).
+
+    Raises:
+        ValueError: if the shapes differ or `reference` is zero or not finite.
+    """
     tensor_arg("reference", reference)
     tensor_arg("candidate", candidate)
     if reference.shape != candidate.shape:
@@ -248,7 +279,18 @@ def group_gradient(
     It is the gradient of the group's mean loss (each micro-batch weighted by
     its share of the examples), computed with `torch.autograd.grad`, so `.grad`
     is neither read nor changed: a loop can call it between its backward and
-    its optimizer step. Parameters without a gradient contribute zeros.
+    its optimizer step.
+
+    Args:
+        model: the model (its trainable parameters).
+        loss_fn: `loss_fn(model(x), y)` -> a mean loss.
+        batches: the group's (inputs, targets) micro-batches.
+
+    Returns:
+        The flat gradient; parameters without a gradient contribute zeros.
+
+    Raises:
+        ValueError: if `batches` is empty.
     """
     params = trainable_params(model)
     if not batches:
@@ -265,6 +307,13 @@ def group_gradient(
 
 
 def angle_degrees(reference: torch.Tensor, candidate: torch.Tensor) -> float:
-    """Angle between two flat gradients in degrees (0 = same direction, 90 = unrelated)."""
+    """Angle between two flat gradients in degrees (0 = same direction, 90 = unrelated).
+
+    Args:
+        reference, candidate: flat gradients of the same shape.
+
+    Returns:
+        The angle in degrees, from 0 to 180.
+    """
     cosine = compare_grads(reference, candidate).cosine
     return math.degrees(math.acos(max(-1.0, min(1.0, cosine))))

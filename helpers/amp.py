@@ -48,7 +48,12 @@ def amp_dtype(device: torch.device | str) -> torch.dtype:
     """float16 on every device: the half type whose narrow range needs a GradScaler.
 
     CPU autocast supports float16 (checked on torch 2.13); on CUDA it is the usual case.
-    `device` is validated only.
+
+    Args:
+        device: validated only.
+
+    Returns:
+        `torch.float16`.
     """
     torch.device(device)
     return torch.float16
@@ -80,20 +85,27 @@ def amp_update(
 ) -> AmpOutcome:
     """Run one accumulated update of a deep copy of `model` (SGD, lr 0.1) with a GradScaler.
 
-    `order` (see `AMP_ORDERS`; the table `_AMP_STEPS` lists each order's calls):
-    - 'correct': scale(loss / K).backward() per micro-step; then unscale_ ->
-      clip -> step -> update once.
-    - 'unscale_each': unscale_ after every micro-step (torch raises).
-    - 'update_each': scaler.update() after every micro-step (torch raises).
-    - 'unscale_update_each': unscale_ and update after every micro-step.
-    - 'clip_before_unscale': clip the still-scaled gradients, then unscale_.
-    `amp=False` runs the same loop in float32 with a disabled scaler (the reference);
-    `use_scaler=False` keeps float16 autocast but disables the scaler (no loss
-    scaling at all). Each micro-batch's loss is multiplied by `loss_weight`
-    (to reach the small losses where float16 underflows). The scaler starts at
-    `init_scale` (torch's default, 2**16, can overflow float16 on the very
-    first step, which GradScaler then skips). `max_norm=math.inf` measures
-    the norm without clipping.
+    Args:
+        model: the model (copied; the original is not changed).
+        loss_fn: `loss_fn(outputs, targets)` -> a mean loss.
+        inputs, targets: the batch.
+        micro_batch: examples per micro-batch.
+        order: one of `AMP_ORDERS` (`_AMP_STEPS` lists each order's calls):
+            "correct": scale(loss / K).backward() per micro-step; then unscale_ -> clip ->
+            step -> update once. "unscale_each" / "update_each": unscale_ / update after
+            every micro-step (torch raises). "unscale_update_each": both after every
+            micro-step. "clip_before_unscale": clip the still-scaled gradients, then unscale_.
+        amp: False runs the same loop in float32 with a disabled scaler (the reference).
+        max_norm: the clipping norm; `math.inf` measures the norm without clipping.
+        init_scale: the scaler's first scale (torch's default, 2**16, can overflow float16
+            on the very first step, which GradScaler then skips).
+        use_scaler: False keeps float16 autocast but disables the scaler (no loss scaling).
+        loss_weight: multiplies each micro-batch's loss (to reach the small losses where
+            float16 underflows).
+
+    Returns:
+        The `AmpOutcome`: the gradient the step applied (None if skipped or raised), the
+        error torch raised, whether the step was skipped, the clip norm and the scale.
     """
     choice("order", order, AMP_ORDERS)
     n = check_batch(inputs, targets)
@@ -158,7 +170,18 @@ def fp16_underflow(
     """One accumulated update three ways (float32; float16 without scaler; float16 with one).
 
     Nothing is clipped (`max_norm=inf`), so the applied gradients are the raw
-    accumulated ones; see `Underflow` for what is counted.
+    accumulated ones.
+
+    Args:
+        model, loss_fn, inputs, targets, micro_batch: as for `amp_update`.
+        loss_weight: multiplies each micro-batch's loss.
+        init_scale: the scaler's first scale.
+
+    Returns:
+        The `Underflow`: entries zeroed in float16 with and without the scaler, and errors.
+
+    Raises:
+        RuntimeError: if one of the three runs took no step.
     """
     kw = dict(order="correct", max_norm=math.inf, loss_weight=loss_weight)
     ref = amp_update(model, loss_fn, inputs, targets, micro_batch, amp=False, **kw)

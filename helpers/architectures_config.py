@@ -149,7 +149,14 @@ PUBLISHED_PARAMETERS: dict[str, int] = {
 
 
 def param_count(cfg: ArchConfig) -> int:
-    """The parameters of `CausalLM(cfg)`, counted from the config alone (each tied tensor once)."""
+    """The parameters of `CausalLM(cfg)`, counted from the config alone (each tied tensor once).
+
+    Args:
+        cfg: the architecture's config.
+
+    Returns:
+        The parameter count.
+    """
     h, d, kv, i = cfg.hidden_size, cfg.dim, cfg.kv_heads, cfg.intermediate_size
     q_out, kv_out = cfg.num_heads * d, kv * d
     attn = h * (q_out + 2 * kv_out) + q_out * h + cfg.qkv_bias * (q_out + 2 * kv_out) + cfg.o_bias * h

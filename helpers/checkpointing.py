@@ -178,6 +178,15 @@ def checkpoint_with(fn: Callable[..., torch.Tensor], *args: object, reentrant: b
 
     The lessons always pass `use_reentrant=False`; this exists only to show what
     the old reentrant implementation does when no input of the region requires grad.
+
+    Args:
+        fn: the region to checkpoint.
+        *args: its inputs.
+        reentrant: passed as `use_reentrant`.
+        **kwargs: passed to `torch.utils.checkpoint.checkpoint`.
+
+    Returns:
+        The region's output.
     """
     bool_arg("reentrant", reentrant)
     options = {"use_reentrant": reentrant, **kwargs}
@@ -185,7 +194,14 @@ def checkpoint_with(fn: Callable[..., torch.Tensor], *args: object, reentrant: b
 
 
 def params_without_grad(model: nn.Module) -> list[str]:
-    """Names of the trainable parameters (requires_grad) whose `.grad` is None after a backward."""
+    """The trainable parameters that a backward left without a gradient.
+
+    Args:
+        model: the model, after a backward.
+
+    Returns:
+        Names of the parameters with `requires_grad` whose `.grad` is None.
+    """
     instance_arg("model", model, nn.Module, "torch.nn.Module")
     return [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
 
@@ -203,12 +219,17 @@ def params_without_grad(model: nn.Module) -> list[str]:
 def make_chain(n: int, width: int, kind: str = "linear") -> nn.Sequential:
     """A chain of `n` equal layers of `width` features.
 
-    "linear": `nn.Linear` layers, each keeping one boundary-sized tensor (its
-    input), so a ~= b. "mlp": `MLPBlock(width, expansion=2)`, each keeping about
-    six boundary-sized tensors (LayerNorm input and output, fc1 output, GELU output).
-    "linear-relu" (exercise 3): each layer is `nn.Sequential(nn.Linear, nn.ReLU)`.
-    The ReLU keeps its output, and that output is the next Linear's input: one
-    storage, which autograd keeps once, so a ~= b here too.
+    Args:
+        n: the number of layers.
+        width: features per layer.
+        kind: "linear": `nn.Linear` layers, each keeping one boundary-sized tensor (its
+            input), so a ~= b. "mlp": `MLPBlock(width, expansion=2)`, each keeping about
+            six boundary-sized tensors (LayerNorm input and output, fc1 output, GELU output).
+            "linear-relu" (exercise 3): `nn.Sequential(nn.Linear, nn.ReLU)` layers; the
+            ReLU's output is the next Linear's input, one storage kept once, so a ~= b too.
+
+    Returns:
+        The chain, an `nn.Sequential`.
     """
     choice("kind", kind, (*CHAIN_KINDS, EXERCISE_CHAIN))
     positive_int("n", n)
@@ -221,16 +242,33 @@ def make_chain(n: int, width: int, kind: str = "linear") -> nn.Sequential:
 
 
 def chain_layer_costs(chain: nn.Sequential, x: torch.Tensor) -> tuple[int, int]:
-    """(a, b): bytes one layer keeps for backward (its input included), bytes of one boundary.
+    """What one layer of a chain keeps, and what one boundary between layers is.
 
-    Measured on the first layer with the live tracker; b is the size of `x`.
+    Measured on the first layer with the live tracker.
+
+    Args:
+        chain: the layer chain (e.g. from `make_chain`).
+        x: an input batch of the chain.
+
+    Returns:
+        (a, b): bytes one layer keeps for backward (its input included), and the bytes of `x`.
     """
     a = saved_activation_bytes(lambda: chain[0](x.detach().clone().requires_grad_(True)))
     return a, x.numel() * x.element_size()
 
 
 def segment_cost(a: float, b: float, n: int, k: int) -> float:
-    """Chen et al.'s cost model of activation memory with k segments: a*n/k + b*k."""
+    """Chen et al.'s cost model of activation memory with k segments: a*n/k + b*k.
+
+    Args:
+        a: bytes one layer keeps.
+        b: bytes of one boundary (a segment's checkpointed input).
+        n: layers.
+        k: segments (1 to n).
+
+    Returns:
+        The modelled bytes.
+    """
     _check_segments(n, k)
     return a * n / k + b * k
 
@@ -253,9 +291,15 @@ def segment_sweep(chain: nn.Sequential, x: torch.Tensor, ks: Sequence[int]) -> l
 
     Each run calls `checkpoint_sequential(chain, k, x, use_reentrant=False)`.
 
-    Memory is measured with the live tracker: `saved_bytes` after forward (the
-    output excluded), `peak_bytes` the most activation and temporary bytes
-    (not parameters or gradients) alive at any point of forward and backward.
+    Args:
+        chain: the layer chain.
+        x: its input batch.
+        ks: the segment counts (each 1 to len(chain)).
+
+    Returns:
+        One `SegmentPoint` per k, measured with the live tracker: `saved_bytes` after
+        forward (the output excluded), `peak_bytes` the most activation and temporary bytes
+        (not parameters or gradients) alive at any point of forward and backward.
     """
     for k in ks:
         _check_segments(len(chain), k)
@@ -280,7 +324,13 @@ def segment_sizes(n: int, k: int) -> list[int]:
 
     Every segment but the last has `n // k` layers; the last takes the rest
     (pytorch/pytorch #68423), and the last segment is not checkpointed.
-    9 layers in 5 segments: [1, 1, 1, 1, 5].
+
+    Args:
+        n: layers.
+        k: segments (1 to n).
+
+    Returns:
+        The sizes, e.g. [1, 1, 1, 1, 5] for 9 layers in 5 segments.
     """
     positive_int("n", n)
     _check_segments(n, k)
@@ -289,7 +339,14 @@ def segment_sizes(n: int, k: int) -> list[int]:
 
 
 def divisors(n: int) -> list[int]:
-    """The k in 1..n that divide n: segment counts for which every segment is equal."""
+    """The segment counts for which every segment of `n` layers is equal.
+
+    Args:
+        n: the number of layers (>= 1).
+
+    Returns:
+        The k in 1..n that divide n, ascending.
+    """
     positive_int("n", n)
     return [k for k in range(1, n + 1) if n % k == 0]
 
@@ -308,6 +365,12 @@ def freeze_batchnorm_stats(model: nn.Module) -> Iterator[None]:
     ops and saved tensors are the same as in the original forward, which
     checkpoint's recompute check requires. Use it as the recompute context:
     `context_fn=lambda: (nullcontext(), freeze_batchnorm_stats(model))`.
+
+    Args:
+        model: the module whose BatchNorm layers it freezes.
+
+    Yields:
+        Nothing; the statistics are frozen while the block runs.
     """
     instance_arg("model", model, nn.Module, "torch.nn.Module")
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]

@@ -41,8 +41,11 @@ class Lab:
     """The models and data the quick checks share (built once per ledger run).
 
     `model` is the fast lab GPT (`LAB_CONFIG`); `lesson_model("01")` and `lesson_model("02")`
-    are those lessons' GPTs at `scale` (this device's lesson scale unless given), built on
-    first use.
+    are those lessons' GPTs, built on first use.
+
+    Args:
+        device: where the models live.
+        scale: the lessons' scale (default: this device's lesson scale).
     """
 
     device: torch.device

@@ -85,7 +85,14 @@ full_checkpoint: BlockWrapper = make_block_wrapper("full")  # type: ignore[assig
 
 
 def selective(policy: Callable[..., object]) -> BlockWrapper:
-    """A block wrapper: non-reentrant `checkpoint` with `create_selective_checkpoint_contexts(policy)`."""
+    """A block wrapper: non-reentrant `checkpoint` with `create_selective_checkpoint_contexts(policy)`.
+
+    Args:
+        policy: a selective-checkpoint policy(ctx, op, *args, **kwargs).
+
+    Returns:
+        wrapper(block, x), for `model.block_wrapper` or `apply_ac`.
+    """
     callable_arg("policy", policy, "a selective-checkpoint policy(ctx, op, *args, **kwargs)")
 
     def wrapper(block: nn.Module, x: torch.Tensor) -> torch.Tensor:

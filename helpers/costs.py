@@ -29,6 +29,12 @@ def count_flops(fn: Callable[[], object]) -> int:
     """FLOPs that `torch.utils.flop_counter.FlopCounterMode` counts while `fn()` runs.
 
     It counts matmuls, convolutions and attention; pointwise ops count zero.
+
+    Args:
+        fn: the work to count, a zero-argument callable.
+
+    Returns:
+        The total FLOPs.
     """
     callable_arg("fn", fn, "a zero-argument callable")
     with FlopCounterMode(display=False) as counter:
@@ -124,6 +130,9 @@ def interleaved_times(
 
     Returns:
         name -> `Timing` (median, min and max seconds of its timed runs).
+
+    Raises:
+        ValueError: if `fns` is empty or holds something not callable, or a count is out of range.
     """
     if not fns or not all(callable(f) for f in fns.values()):
         raise ValueError(f"fns must be a non-empty mapping of name -> callable, got {fns!r}")

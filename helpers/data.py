@@ -24,7 +24,16 @@ def _generator(seed: int) -> torch.Generator:
 def regression_batch(
     n: int, d_in: int, d_out: int = 1, *, seed: int = 0, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`n` inputs of size `d_in` and targets from a fixed random linear map plus noise."""
+    """`n` inputs of size `d_in` and targets from a fixed random linear map plus noise.
+
+    Args:
+        n, d_in, d_out: examples, input size and target size (each >= 1).
+        seed: seeds a private generator; the global RNG is left alone.
+        device: where the tensors go.
+
+    Returns:
+        (inputs (n, d_in), targets (n, d_out)).
+    """
     for name, value in (("n", n), ("d_in", d_in), ("d_out", d_out)):
         positive_int(name, value)
     g = _generator(seed)
@@ -41,6 +50,14 @@ def token_batch(
 
     The sequences follow a simple learnable rule (each token is the previous
     one plus a per-sequence step, modulo the vocabulary), so a model can fit them.
+
+    Args:
+        n, seq_len, vocab_size: sequences, their length and the vocabulary (each >= 1).
+        seed: seeds a private generator; the global RNG is left alone.
+        device: where the tensors go.
+
+    Returns:
+        (inputs, targets), both (n, seq_len) int64 token ids.
     """
     for name, value in (("n", n), ("seq_len", seq_len), ("vocab_size", vocab_size)):
         positive_int(name, value)
@@ -55,7 +72,16 @@ def image_batch(
     n: int, *, channels: int = 3, size: int = 16, num_classes: int = 10, seed: int = 0,
     device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`n` small images whose class sets the mean of one channel band, plus labels."""
+    """`n` small images whose class sets the mean of one channel band, plus labels.
+
+    Args:
+        n, channels, size, num_classes: images, channels, side in pixels and classes (each >= 1).
+        seed: seeds a private generator; the global RNG is left alone.
+        device: where the tensors go.
+
+    Returns:
+        (images (n, channels, size, size), labels (n,)).
+    """
     for name, value in (("n", n), ("channels", channels), ("size", size), ("num_classes", num_classes)):
         positive_int(name, value)
     g = _generator(seed)

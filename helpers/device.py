@@ -154,7 +154,16 @@ def apply_memory_cap(device: torch.device) -> float | None:
 def by_scale(scale: str, *, tiny: object, small: object, full: object, medium: object = None) -> object:
     """Pick the value for `scale`: one alternative per scale.
 
-    `medium` (12-40 GB GPUs) falls back to the `small` value when it is not given.
+    Args:
+        scale: "tiny", "small", "medium" or "full".
+        tiny, small, full: the value at each scale.
+        medium: the value for 12-40 GB GPUs; the `small` value when not given.
+
+    Returns:
+        The value for `scale`.
+
+    Raises:
+        ValueError: if `scale` is not a scale.
     """
     if scale not in SCALES:
         raise ValueError(f"scale={scale!r} is not a scale; choose one of {SCALES}")
@@ -162,7 +171,14 @@ def by_scale(scale: str, *, tiny: object, small: object, full: object, medium: o
 
 
 def seed_everything(seed: int) -> None:
-    """Seed Python, torch (CPU and every CUDA device) and NumPy if it is installed."""
+    """Seed Python, torch (CPU and every CUDA device) and NumPy if it is installed.
+
+    Args:
+        seed: a non-negative int.
+
+    Raises:
+        ValueError: if `seed` is not a non-negative int.
+    """
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     random.seed(seed)
@@ -218,14 +234,17 @@ def setup_lesson(seed: int = 0, *, tf32: bool | None = None) -> Lesson:
 
     Prints the environment line, the memory cap when `LESSONS_GPU_MEMORY_GB` sets
     one (applied here, on CUDA, to the caching allocator only; see `apply_memory_cap`),
-    and why the scale was picked.
+    and why the scale was picked. With `LESSONS_STRICT=1` (set by `make test`) any Python
+    warning raised in the notebook becomes an error, so that no warning leaks into a lesson.
 
-    `tf32=False` keeps CUDA matmuls and convolutions in true float32, for lessons that
-    compare gradients to 1e-6 (TF32 rounds differently for different batch shapes);
-    `None` leaves torch's settings as they are.
+    Args:
+        seed: passed to `seed_everything`.
+        tf32: False keeps CUDA matmuls and convolutions in true float32, for lessons that
+            compare gradients to 1e-6 (TF32 rounds differently for different batch shapes);
+            None leaves torch's settings as they are.
 
-    With `LESSONS_STRICT=1` (set by `make test`) any Python warning raised in
-    the notebook becomes an error, so that no warning leaks into a lesson.
+    Returns:
+        The `Lesson`: device, scale, memory method, why that scale, and the memory cap.
     """
     device = pick_device()
     scale, why = pick_scale(device)

@@ -119,7 +119,18 @@ def explore(fn: Callable[..., object], /, *, note: str = "", static: bool = True
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A Markdown table (pipes in cells escaped) that wraps in a notebook, on GitHub and in HTML."""
+    """A Markdown table (pipes in cells escaped) that wraps in a notebook, on GitHub and in HTML.
+
+    Args:
+        headers: one name per column.
+        rows: one sequence of cells per row, as many as `headers`.
+
+    Returns:
+        The table's Markdown text.
+
+    Raises:
+        ValueError: if `headers` is empty or a row has the wrong number of cells.
+    """
     if not headers:
         raise ValueError("headers is empty: give one name per column")
     for i, row in enumerate(rows):

@@ -50,6 +50,12 @@ def lesson_model(width: int = 64, depth: int = DEPTH) -> nn.Module:
     Module-level and argument-free by default, so a worker can rebuild it from a
     pickled reference (`functools.partial(lesson_model, width=...)` also pickles).
     The global RNG is left untouched.
+
+    Args:
+        width, depth: the blocks' width and their number.
+
+    Returns:
+        The model.
     """
     from helpers.models import ResidualMLP
 
@@ -59,7 +65,14 @@ def lesson_model(width: int = 64, depth: int = DEPTH) -> nn.Module:
 
 
 def bn_model(width: int = 32) -> nn.Module:
-    """Linear -> BatchNorm1d -> ReLU -> Linear (16 -> width -> 4), seed 0, for the BatchNorm section."""
+    """Linear -> BatchNorm1d -> ReLU -> Linear (16 -> width -> 4), seed 0, for the BatchNorm section.
+
+    Args:
+        width: the hidden width.
+
+    Returns:
+        The model, the same in every process.
+    """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         w = positive_int("width", width)
@@ -67,14 +80,29 @@ def bn_model(width: int = 32) -> nn.Module:
 
 
 def lesson_data(n: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """`n` regression examples (16 features -> 4 targets), identical in every process for a seed."""
+    """`n` regression examples (16 features -> 4 targets), identical in every process for a seed.
+
+    Args:
+        n: examples.
+        seed: seeds them.
+
+    Returns:
+        (inputs (n, 16), targets (n, 4)).
+    """
     from helpers.data import regression_batch
 
     return regression_batch(positive_int("n", n), D_IN, D_OUT, seed=seed)
 
 
 def mse_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean squared error over the examples given (a picklable, module-level loss)."""
+    """Mean squared error over the examples given (a picklable, module-level loss).
+
+    Args:
+        outputs, targets: tensors of the same shape.
+
+    Returns:
+        The mean loss.
+    """
     return nn.functional.mse_loss(outputs, targets)
 
 
@@ -100,6 +128,12 @@ def count_allreduces(ddp_model: nn.Module) -> AllReduceCounter:
     divide by the group size), and adds one to `counter.calls` per bucket. Call
     it once, before the first backward. The lesson's models fit in one bucket,
     so one count is one synchronised backward.
+
+    Args:
+        ddp_model: a `DistributedDataParallel` model.
+
+    Returns:
+        The `AllReduceCounter`.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -187,17 +221,31 @@ def ddp_accumulated_grad(
 ) -> DDPGrad:
     """The gradient of one update of K micro-steps on W real DDP workers (gloo on CPU).
 
-    Each worker builds `model_fn()` (a picklable, module-level callable) after
-    the process group is initialised, wraps it in `DistributedDataParallel`,
-    counts its all-reduces with `count_allreduces`, and runs K micro-steps on its
-    own examples (`rank_shards`: every example of `inputs` exactly once), each
-    backward on `loss_fn(...) / K`. DDP's all-reduce averages over W, so the
-    result is the gradient of the mean loss over all B x K x W examples.
-    `no_sync=True` wraps the first K-1 micro-steps (forward and backward) in
-    `no_sync()`: one all-reduce per update instead of K. `same_data=True` gives
-    every rank rank 0's examples, the classic data-loading bug (no
-    `DistributedSampler`). Runs on `pool` (default: the shared pool, started on
-    first use).
+    Each worker builds `model_fn()` after the process group is initialised, wraps it in
+    `DistributedDataParallel`, counts its all-reduces with `count_allreduces`, and runs K
+    micro-steps on its own examples (`rank_shards`: every example of `inputs` exactly once),
+    each backward on `loss_fn(...) / K`. DDP's all-reduce averages over W, so the result is
+    the gradient of the mean loss over all B x K x W examples.
+
+    Args:
+        model_fn: a picklable, module-level callable that builds the model.
+        loss_fn: a picklable loss `loss_fn(outputs, targets)`.
+        inputs, targets: all B x K x W examples.
+        micro_batch, accumulation_steps, world_size: B, K and W (checked by `check_batch_sizes`).
+        no_sync: wrap the first K-1 micro-steps (forward and backward) in `no_sync()`: one
+            all-reduce per update instead of K.
+        same_data: give every rank rank 0's examples, the classic data-loading bug (no
+            `DistributedSampler`).
+        timeout_s: the most seconds the workers may take.
+        pool: the workers (default: the shared pool, started on first use).
+
+    Returns:
+        A `DDPGrad`: rank 0's gradient, the all-reduce count, the synced micro-steps, whether
+        the ranks agree, and each rank's example indices.
+
+    Raises:
+        ValueError: if inputs and targets differ in length, the sizes do not multiply up, or
+            `world_size` is larger than the pool.
     """
     callable_arg("model_fn", model_fn)
     callable_arg("loss_fn", loss_fn)
@@ -243,10 +291,18 @@ def check_batch_sizes(train_batch: int | None = None, micro_batch: int | None = 
     """Infer the 4th of (train batch, micro-batch, accumulation steps, world size) from 3, or check all 4.
 
     In the spirit of DeepSpeed's "train_batch_size is not equal to
-    micro_batch_per_gpu * gradient_acc_step * world_size": an inconsistent set,
-    or a fourth value that would not be a whole number, raises `ValueError`
-    showing every number given. Each given value must be a positive int
-    (`TypeError` for a float or bool).
+    micro_batch_per_gpu * gradient_acc_step * world_size".
+
+    Args:
+        train_batch, micro_batch, accumulation_steps, world_size: at least three of them,
+            each a positive int (`TypeError` for a float or bool).
+
+    Returns:
+        The four `BatchSizes`.
+
+    Raises:
+        ValueError: for fewer than three values, an inconsistent set, or a fourth value that
+            would not be a whole number; the message shows every number given.
     """
     given = {"train_batch": train_batch, "micro_batch": micro_batch,
              "accumulation_steps": accumulation_steps, "world_size": world_size}

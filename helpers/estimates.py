@@ -44,8 +44,19 @@ def popular_estimates(cfg: GPTConfig, n_params: int, micro_batch: int, measured_
 
     Weights only (4 bytes/param, what model-loading calculators report), 16 bytes/param
     (fp32 Adam: weights, gradients, two moments), 18 bytes/param (the figure quoted for
-    mixed-precision Adam), 16 bytes/param plus Korthikanti's activations (with full
-    recomputation when `checkpointed`), and the planner's prediction when given.
+    mixed-precision Adam), 16 bytes/param plus Korthikanti's activations, and the
+    planner's prediction when given.
+
+    Args:
+        cfg: the GPT's config (for Korthikanti's activations).
+        n_params: its parameters.
+        micro_batch: sequences per micro-step.
+        measured_peak: the measured peak bytes each estimate is compared with.
+        checkpointed: count Korthikanti's activations with full recomputation.
+        planner_bytes: the planner's prediction, if any.
+
+    Returns:
+        One `Estimate` per rule: its bytes, its error against `measured_peak`, what it leaves out.
     """
     n_params = positive_int("n_params", n_params)
     positive_int("measured_peak", measured_peak)
@@ -106,18 +117,23 @@ def remedy_floors(parameters: int, gradients: int, optimizer_state: int,
                   workers: Sequence[int] = (2, 4), *, precision: str = "fp32") -> list[RemedyFloor]:
     """The floor under each remedy, computed from the measured floor of fp32 Adam.
 
-    `parameters`, `gradients` and `optimizer_state` are measured fp32 bytes (4, 4 and 8 per
-    parameter: Adam's state is two parameter-sized moments). Each row is the floor per worker,
-    its saving against the measured floor, and its caveat (`CAVEATS`). Bytes per parameter:
-    fp32 Adam 16, SGD with momentum 12, SGD 8, mixed precision 2 + 2 + 4 (fp32 master) + 8 = 16
-    (no saving), pure bf16 8, bf16 Adam moments 12, offloaded optimizer state 8, ZeRO-1 over W
-    workers 8 + 8/W, FSDP / ZeRO-3 16/W of persistent state. Sharding is measured for real in
-    lesson 07.
+    Bytes per parameter: fp32 Adam 16, SGD with momentum 12, SGD 8, mixed precision
+    2 + 2 + 4 (fp32 master) + 8 = 16 (no saving), pure bf16 8, bf16 Adam moments 12,
+    offloaded optimizer state 8, ZeRO-1 over W workers 8 + 8/W, FSDP / ZeRO-3 16/W of
+    persistent state. Sharding is measured for real in lesson 07.
 
-    `precision` is the mode the bytes were measured in: "fp32" or "bf16" (autocast over fp32
-    master weights: the same fp32 state, so the same rows; the mixed-precision row never drops
-    the fp32 master copy), or "pure-bf16" (2 + 2 + 4 bytes measured: the precision rows go, and
-    the first row is the measured pure-bf16 floor).
+    Args:
+        parameters, gradients, optimizer_state: measured fp32 bytes (4, 4 and 8 per
+            parameter: Adam's state is two parameter-sized moments).
+        workers: the worker counts of the sharding rows.
+        precision: the mode the bytes were measured in: "fp32" or "bf16" (autocast over fp32
+            master weights: the same fp32 state, so the same rows; the mixed-precision row never
+            drops the fp32 master copy), or "pure-bf16" (2 + 2 + 4 bytes measured: the precision
+            rows go, and the first row is the measured pure-bf16 floor).
+
+    Returns:
+        One `RemedyFloor` per remedy: the floor per worker, its saving against the measured
+        floor, and its caveat (`CAVEATS`).
     """
     choice("precision", precision, ("fp32", "bf16", "pure-bf16"))
     p, g, s = (positive_int(n, v) for n, v in (("parameters", parameters), ("gradients", gradients),

@@ -44,8 +44,13 @@ def activation_bytes_per_example(cfg: GPTConfig) -> int:
     (2sh) and outputs (2sh), copies of q, k, v and of the attention output (4sh),
     the softmax output (as^2), the MLP's first Linear output (4sh) and GELU output
     (4sh). Then the last LayerNorm's input and output (2sh), every LayerNorm's
-    mean and 1/std (2s each) and the log-softmax of the loss (sV). Only for
-    `dropout=0` and the written-out attention (the lesson's model).
+    mean and 1/std (2s each) and the log-softmax of the loss (sV).
+
+    Args:
+        cfg: the GPT's config: `dropout=0` and the written-out attention (the lesson's model).
+
+    Returns:
+        The bytes per example.
     """
     _check_formula_config(cfg)
     s, h, a, n, v = cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.vocab_size
@@ -59,6 +64,12 @@ def held_logits_bytes_per_example(cfg: GPTConfig) -> int:
     Autograd does not keep the logits (the loss's log-softmax keeps its own output), but
     the loop's variable does, until the next micro-step reassigns it; at the peak of an
     update they sit beside the saved activations.
+
+    Args:
+        cfg: the GPT's config.
+
+    Returns:
+        The bytes per example.
     """
     _check_formula_config(cfg)
     return FP32 * cfg.seq_len * cfg.vocab_size
@@ -84,6 +95,15 @@ def predicted_update_peak_bytes(cfg: GPTConfig, micro_batch: int, *, optimizer: 
     gradient of the logits and of their log-softmax (2 sV floats per example) and the
     causal masks (L s^2 bytes). On a GPU the caching allocator adds rounding, and Adam's
     step counters live on the CPU.
+
+    Args:
+        cfg: the GPT's config.
+        micro_batch: sequences per micro-step.
+        optimizer: one of `OPTIMIZERS`.
+        steps: micro-steps in the update.
+
+    Returns:
+        The predicted peak bytes.
     """
     positive_int("micro_batch", micro_batch)
     positive_int("steps", steps)
@@ -110,7 +130,17 @@ class LinearFit:
 
 
 def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> LinearFit:
-    """Least-squares line through (xs, ys) and its R^2."""
+    """Least-squares line through (xs, ys) and its R^2.
+
+    Args:
+        xs, ys: two equal-length sequences of at least 2 points, with two distinct x values.
+
+    Returns:
+        A `LinearFit` (slope, intercept, r2).
+
+    Raises:
+        ValueError: for fewer than 2 points, unequal lengths, or all xs equal.
+    """
     if len(xs) != len(ys) or len(xs) < 2:
         raise ValueError(f"need two equal-length sequences of >= 2 points, got {len(xs)}, {len(ys)}")
     x = torch.tensor(xs, dtype=torch.float64)
@@ -161,10 +191,16 @@ def korthikanti_terms(
 ) -> dict[str, float]:
     """Bytes per transformer layer, term by term: sbh(34 + 5as/h) for 16-bit.
 
-    `act_bytes` is the element size of activations (2 in the paper, 4 in fp32)
-    and `mask_bytes` that of a dropout mask (1 for a bool mask). Every 2-byte
-    term is scaled by act_bytes / 2. With `dropout=False` the masks and the
-    separate dropout output (then the softmax output itself) are left out.
+    Args:
+        s, b, h, a: sequence length, micro-batch, hidden size and heads.
+        act_bytes: element size of activations (2 in the paper, 4 in fp32); every
+            2-byte term is scaled by act_bytes / 2.
+        mask_bytes: element size of a dropout mask (1 for a bool mask).
+        dropout: False leaves out the masks and the separate dropout output (then the
+            softmax output itself).
+
+    Returns:
+        {term: bytes}, in the order of `KORTHIKANTI`.
     """
     for name, value in {"s": s, "b": b, "h": h, "a": a}.items():
         positive_int(name, value)
@@ -188,6 +224,14 @@ def gpt_activation_bytes(cfg: GPTConfig, micro_batch: int, *, dtype_bytes: int =
     (dropout 0) at `dtype_bytes` per element, times the layers; plus the final
     LayerNorm's input and output (2 sbh) and the log-softmax output over the
     vocabulary (s b V). Lesson 03 checks it against `saved_activation_bytes`.
+
+    Args:
+        cfg: the GPT's config.
+        micro_batch: sequences in the forward.
+        dtype_bytes: bytes per activation element.
+
+    Returns:
+        The predicted bytes.
     """
     instance_arg("cfg", cfg, GPTConfig, "GPTConfig")
     positive_int("micro_batch", micro_batch)
@@ -238,10 +282,17 @@ def korthikanti_activation_bytes(cfg: GPTConfig, micro_batch: int, *, recompute:
                                  act_bytes: int = 4) -> float:
     """Korthikanti et al.'s activation bytes for `cfg.n_layers` layers at `micro_batch`.
 
-    Without recomputation: sbh(34 + 5as/h) per layer in 16-bit, here with
-    `act_bytes` per element and without the dropout terms (this model has no dropout).
-    With full recomputation: the 2sbh (16-bit) layer input per layer. Either way the
-    formula covers the transformer layers only.
+    The formula covers the transformer layers only.
+
+    Args:
+        cfg: the GPT's config (its dropout decides whether the dropout terms count).
+        micro_batch: sequences per micro-batch.
+        recompute: True for full recomputation: the 2sbh (16-bit) layer input per layer.
+            False: sbh(34 + 5as/h) per layer in 16-bit.
+        act_bytes: bytes per activation element.
+
+    Returns:
+        The bytes.
     """
     s, h, a, n = cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.n_layers
     b = positive_int("micro_batch", micro_batch)

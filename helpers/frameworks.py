@@ -88,7 +88,11 @@ def _checked(names: Sequence[str]) -> list[str]:
 
 
 def versions() -> dict[str, str | None]:
-    """Installed version of each framework (None when it is not installed)."""
+    """Installed version of each framework.
+
+    Returns:
+        {framework: its version, or None when it is not installed}.
+    """
     out: dict[str, str | None] = {}
     for name, fw in FRAMEWORKS.items():
         try:
@@ -182,9 +186,11 @@ def timed_import(name: str) -> object:
 def caught_warnings() -> Iterator[list[warnings.WarningMessage]]:
     """Record every warning raised inside the block instead of printing (or raising) it.
 
-    Yields the list of `warnings.WarningMessage` records; show them with
-    `describe_warnings`. Under `LESSONS_STRICT=1` warnings are errors, so a section
-    that provokes one on purpose must catch it here.
+    Under `LESSONS_STRICT=1` warnings are errors, so a section that provokes one on
+    purpose must catch it here.
+
+    Yields:
+        The list of `warnings.WarningMessage` records; show them with `describe_warnings`.
     """
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
@@ -192,7 +198,15 @@ def caught_warnings() -> Iterator[list[warnings.WarningMessage]]:
 
 
 def describe_warnings(records: Sequence[warnings.WarningMessage], width: int = 160) -> list[str]:
-    """One line per distinct warning: its category, how often it was raised, the message."""
+    """One line per distinct warning: its category, how often it was raised, the message.
+
+    Args:
+        records: from `caught_warnings`.
+        width: the longest message kept (longer ones are cut with "...").
+
+    Returns:
+        The lines.
+    """
     counts: dict[tuple[str, str], int] = {}
     for r in records:
         text = " ".join(str(r.message).split())

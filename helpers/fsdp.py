@@ -60,6 +60,12 @@ def fsdp_runs_here(backend: str) -> tuple[bool, str]:
 
     With NCCL (GPUs) it does. With gloo on CPU it needs torch 2.6 or newer: torch 2.5's
     FSDP2 stops with "FSDP requires CUDA for streams".
+
+    Args:
+        backend: "gloo" or "nccl".
+
+    Returns:
+        (runs, why not): why is "" when it runs.
     """
     choice("backend", backend, ("gloo", "nccl"))
     if backend == "nccl":
@@ -71,7 +77,14 @@ def fsdp_runs_here(backend: str) -> tuple[bool, str]:
 
 
 def local_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes this rank stores for `tensors`: a sharded DTensor counts only its local shard."""
+    """Bytes this rank stores for `tensors`: a sharded DTensor counts only its local shard.
+
+    Args:
+        tensors: tensors or DTensors (None entries are skipped).
+
+    Returns:
+        The bytes.
+    """
     total = 0
     for t in tensors:
         if t is None:
@@ -143,6 +156,9 @@ def fsdp_step_memory(step: Callable[[], object], *, model: nn.Module,
 
     Returns:
         FSDPStepMemory: the peak, its parts, and what stays gathered between units.
+
+    Raises:
+        ValueError: if `fully_shard` was not applied to `model`.
     """
     callable_arg("step", step, "a zero-argument callable")
     if not isinstance(model, _fsdp_module_type()):

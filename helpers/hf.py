@@ -101,8 +101,16 @@ def causal_lm(kind: str = "llama", *, seed: int = 0, device: torch.device | str 
               **sizes: int) -> nn.Module:
     """A `kind` causal LM from `causal_lm_config(kind, **sizes)`, weights drawn from `seed`.
 
-    Nothing is loaded from a hub. The global random state is left as it was; the model
-    is in train mode, in float32, on `device`.
+    Nothing is loaded from a hub. The global random state is left as it was.
+
+    Args:
+        kind: "llama" (`LlamaForCausalLM`) or "gpt2" (`GPT2LMHeadModel`).
+        seed: the seed of its weights.
+        device: where it goes.
+        **sizes: passed to `causal_lm_config`.
+
+    Returns:
+        The model, in train mode, in float32.
     """
     import transformers
 
@@ -126,6 +134,15 @@ def training_rows(samples: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[
 
     A causal LM in Transformers takes `labels=input_ids` and shifts them inside, so
     only the input ids are kept; `collate` builds the labels.
+
+    Args:
+        samples: (input ids, labels) pairs.
+
+    Returns:
+        The rows.
+
+    Raises:
+        ValueError: if `samples` is empty.
     """
     if not samples:
         raise ValueError("samples is empty; give at least one (input ids, labels) pair")
@@ -135,9 +152,18 @@ def training_rows(samples: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[
 def collate(rows: Sequence[dict[str, torch.Tensor]], *, mask_first: bool = False) -> dict[str, torch.Tensor]:
     """Pad `rows` on the right to the longest one: input ids, attention mask and labels.
 
-    Labels are the input ids with `IGNORE_INDEX` (-100) at padding. `mask_first=True`
-    also sets each row's first label to -100: no position predicts it, so the loss is
-    unchanged, but a count over the labels then equals the count the shifted loss uses.
+    Args:
+        rows: `{"input_ids": ids}` rows.
+        mask_first: also set each row's first label to -100: no position predicts it, so the
+            loss is unchanged, but a count over the labels then equals the count the shifted
+            loss uses.
+
+    Returns:
+        {"input_ids", "attention_mask", "labels"}; labels are the input ids with
+        `IGNORE_INDEX` (-100) at padding.
+
+    Raises:
+        ValueError: if `rows` is empty.
     """
     if not rows:
         raise ValueError("rows is empty; give at least one {'input_ids': ...} row")
@@ -157,7 +183,17 @@ def micro_batches(
     rows: Sequence[dict[str, torch.Tensor]], micro_batch: int, *, device: torch.device | str = "cpu",
     mask_first: bool = False,
 ) -> list[dict[str, torch.Tensor]]:
-    """Consecutive micro-batches of `micro_batch` rows, each collated on its own, on `device`."""
+    """Consecutive micro-batches of `micro_batch` rows, each collated on its own, on `device`.
+
+    Args:
+        rows: `{"input_ids": ids}` rows.
+        micro_batch: rows per micro-batch (1 to len(rows)).
+        device: where the tensors go.
+        mask_first: passed to `collate`.
+
+    Returns:
+        The collated micro-batches.
+    """
     int_in_range("micro_batch", micro_batch, 1, len(rows))
     out = []
     for i in range(0, len(rows), micro_batch):
@@ -167,7 +203,14 @@ def micro_batches(
 
 
 def predicted_tokens(batches: Sequence[dict[str, torch.Tensor]]) -> int:
-    """Label positions a causal LM's shifted loss predicts, over every micro-batch of a group."""
+    """Label positions a causal LM's shifted loss predicts, over every micro-batch of a group.
+
+    Args:
+        batches: the group's collated micro-batches.
+
+    Returns:
+        The count.
+    """
     return sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
 
 
@@ -176,7 +219,14 @@ def group_token_step(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]
     """Lesson 05's fix for one group: every micro-batch's summed token loss / the group's count.
 
     The count is `predicted_tokens(batches)`, taken before any forward. Gradients add up
-    in `.grad` (cleared first is the caller's job); returns the group's loss as logged.
+    in `.grad` (clearing them first is the caller's job).
+
+    Args:
+        model: a Transformers causal LM.
+        batches: the group's collated micro-batches.
+
+    Returns:
+        The group's loss, as logged.
     """
     n = predicted_tokens(batches)
     logged = 0.0
@@ -190,12 +240,30 @@ def group_token_step(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]
 
 
 def snapshot(model: nn.Module) -> list[torch.Tensor]:
-    """Copies of `model`'s parameters, for `parameter_change`."""
+    """Copies of `model`'s parameters, for `parameter_change`.
+
+    Args:
+        model: the model.
+
+    Returns:
+        Detached copies, in `model.parameters()` order.
+    """
     return [p.detach().clone() for p in model.parameters()]
 
 
 def parameter_change(model: nn.Module, start: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Every parameter minus its value in `start`, flattened into one float32 vector."""
+    """Every parameter minus its value in `start`, flattened into one float32 vector.
+
+    Args:
+        model: the model now.
+        start: its parameters before, from `snapshot`.
+
+    Returns:
+        The change.
+
+    Raises:
+        ValueError: if `start` has another number of tensors.
+    """
     now = list(model.parameters())
     if len(now) != len(start):
         raise ValueError(f"start holds {len(start)} tensors but the model has {len(now)} parameters")
@@ -204,14 +272,30 @@ def parameter_change(model: nn.Module, start: Sequence[torch.Tensor]) -> torch.T
 
 # -- checkpointing -----------------------------------------------------------------------------
 def saved_bytes(model: nn.Module, batch: dict[str, torch.Tensor]) -> int:
-    """Bytes autograd keeps after the forward of `model(**batch).loss` (live-storage tracker)."""
+    """Bytes autograd keeps after the forward of `model(**batch).loss` (live-storage tracker).
+
+    Args:
+        model: a Transformers model (gradients cleared after).
+        batch: its keyword inputs, labels included.
+
+    Returns:
+        The bytes.
+    """
     out = saved_activation_bytes(lambda: model(**batch).loss)
     model.zero_grad(set_to_none=True)
     return out
 
 
 def loss_and_grad(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float, torch.Tensor]:
-    """The loss of one forward and backward of `model(**batch)`, and the flat gradient."""
+    """The loss of one forward and backward of `model(**batch)`, and the flat gradient.
+
+    Args:
+        model: a Transformers model (gradients cleared before and after).
+        batch: its keyword inputs, labels included.
+
+    Returns:
+        (loss, flat gradient).
+    """
     with cleared_grads(model):
         loss = model(**batch).loss
         loss.backward()
@@ -219,7 +303,17 @@ def loss_and_grad(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[flo
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated decoder layers, the units Transformers checkpoints one by one."""
+    """The repeated decoder layers, the units Transformers checkpoints one by one.
+
+    Args:
+        model: a Transformers model.
+
+    Returns:
+        Its `GradientCheckpointingLayer`s, in order.
+
+    Raises:
+        ValueError: if it has none.
+    """
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
@@ -232,7 +326,13 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def checkpointed_by_hand(model: nn.Module) -> Iterator[int]:
     """Inside the block every decoder layer runs through lesson 02's non-reentrant `checkpoint`.
 
-    Yields the number of layers wrapped; the layers' own `forward` comes back on exit.
+    The layers' own `forward` comes back on exit.
+
+    Args:
+        model: a Transformers causal LM.
+
+    Yields:
+        The number of layers wrapped.
     """
     layers = decoder_layers(model)
 
@@ -255,7 +355,11 @@ def enable_checkpointing(model: nn.Module, *, reentrant: bool) -> None:
 
     Transformers 5.24 calls it `activation_checkpointing_enable` and keeps
     `gradient_checkpointing_enable` as a deprecated alias (a FutureWarning); 5.10 only
-    has the latter. For the reentrant trap only: lessons pass False.
+    has the latter.
+
+    Args:
+        model: a Transformers model.
+        reentrant: True only for the reentrant trap; lessons pass False.
     """
     kwargs = {"use_reentrant": bool_arg("reentrant", reentrant)}
     if hasattr(model, "activation_checkpointing_enable"):
@@ -265,7 +369,14 @@ def enable_checkpointing(model: nn.Module, *, reentrant: bool) -> None:
 
 
 def missing_grads(model: nn.Module) -> list[str]:
-    """Trainable parameters (requires_grad) whose `.grad` is None after a backward."""
+    """Trainable parameters (requires_grad) whose `.grad` is None after a backward.
+
+    Args:
+        model: the model, after a backward.
+
+    Returns:
+        Their names.
+    """
     return [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
 
 
@@ -318,9 +429,13 @@ def comparison_arguments(output_dir: str, *, micro_batch: int, accumulation_step
 
 
 def knob_rows(args: object) -> list[tuple[str, str, str, str]]:
-    """(argument, value in `args`, the installed default, why) for each `SWITCHED_OFF` knob.
+    """What each `SWITCHED_OFF` knob is in `args`, and also `average_tokens_across_devices`.
 
-    Also lists `average_tokens_across_devices`, which only matters with several workers.
+    Args:
+        args: Transformers `TrainingArguments`.
+
+    Returns:
+        (argument, value in `args`, the installed default, why) per knob that exists.
     """
     fields = type(args).__dataclass_fields__
     names = [(n, why) for n, _, why in SWITCHED_OFF] + [
@@ -332,7 +447,14 @@ def knob_rows(args: object) -> list[tuple[str, str, str, str]]:
 
 
 def quiet(trainer: object) -> object:
-    """Remove the callbacks that print (the metrics dict) or draw progress bars; return `trainer`."""
+    """Remove the callbacks that print (the metrics dict) or draw progress bars.
+
+    Args:
+        trainer: a Transformers `Trainer`.
+
+    Returns:
+        The same `trainer`.
+    """
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     for cb in (PrinterCallback, ProgressCallback):
@@ -345,9 +467,19 @@ def trainer_update(model: nn.Module, rows: Sequence[dict[str, torch.Tensor]], *,
                    mask_first: bool = False, **overrides: object) -> torch.Tensor:
     """Run one `Trainer` update of `model` on `rows` and return the parameter change.
 
-    The arguments come from `comparison_arguments` (the `SWITCHED_OFF` knobs off, then
-    `overrides`, e.g. `max_grad_norm=1.0`); the collator is `collate(mask_first=mask_first)`.
     `model` is trained in place.
+
+    Args:
+        model: a Transformers causal LM.
+        rows: at least `micro_batch * accumulation_steps` rows.
+        micro_batch, accumulation_steps, learning_rate: the Trainer's settings.
+        output_dir: the Trainer's output folder.
+        mask_first: the collator is `collate(mask_first=mask_first)`.
+        **overrides: after `comparison_arguments` switches the `SWITCHED_OFF` knobs off,
+            e.g. `max_grad_norm=1.0`.
+
+    Returns:
+        The parameter change (`parameter_change`).
     """
     import transformers
 

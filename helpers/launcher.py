@@ -252,9 +252,15 @@ def _close_shared_pools() -> None:
 
 
 def shared_pool(world_size: int | None = None) -> WorkerPool:
-    """A pool of `world_size` (default `max_workers()`) workers, started once per process and reused.
+    """A pool of `world_size` workers, started once per process and reused.
 
     The first call also registers closing every shared pool at interpreter exit.
+
+    Args:
+        world_size: the pool's size (default `max_workers()`).
+
+    Returns:
+        The running `WorkerPool` of that size (a new one if the last was closed).
     """
     w = max_workers() if world_size is None else positive_int("world_size", world_size)
     pool = _SHARED.get(w)

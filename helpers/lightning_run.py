@@ -108,7 +108,17 @@ def quiet_trainer(*, device: torch.device | str = "cpu", **knobs: object) -> obj
 
 
 def scheduler_of(trainer: object) -> torch.optim.lr_scheduler.LRScheduler:
-    """The learning-rate scheduler `trainer` configured (the first one)."""
+    """The learning-rate scheduler `trainer` configured (the first one).
+
+    Args:
+        trainer: a fitted Lightning `Trainer`.
+
+    Returns:
+        The scheduler.
+
+    Raises:
+        ValueError: if the trainer has none.
+    """
     configs = trainer.lr_scheduler_configs  # type: ignore[attr-defined]
     if not configs:
         raise ValueError("this trainer has no learning-rate scheduler (fit it with loop_module first)")

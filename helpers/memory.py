@@ -101,6 +101,14 @@ def record_timeline(
     """Run `step()` once and return live memory by category after every op.
 
     This is the tensor-level tracker on every device (`method=TENSOR_TRACKER`).
+
+    Args:
+        step: a zero-argument callable, e.g. one training step.
+        model: the model it trains (its state is categorised).
+        optimizer: the optimizer it steps, if any.
+
+    Returns:
+        The `Timeline` of the run.
     """
     _check_callable(step, "step")
     with MemoryTracker(model=model, optimizer=optimizer) as tracker:
@@ -170,7 +178,14 @@ def measure_step(
 
 
 def new_live_bytes(fn: Callable[[], object]) -> int:
-    """Bytes of storage created by `fn()` and still alive afterwards, excluding its result."""
+    """Bytes of storage created by `fn()` and still alive afterwards, excluding its result.
+
+    Args:
+        fn: a zero-argument callable.
+
+    Returns:
+        The bytes, as `MemoryTracker.new_live_bytes` counts them.
+    """
     _check_callable(fn, "fn")
     with MemoryTracker() as tracker:
         result = fn()
@@ -180,11 +195,18 @@ def new_live_bytes(fn: Callable[[], object]) -> int:
 def saved_activation_bytes(forward: Callable[[], torch.Tensor]) -> int:
     """Bytes that autograd keeps for backward after `forward()`.
 
-    Calls the zero-argument `forward` (which must return a tensor that requires
-    grad) and returns the bytes of tensor storage alive after the call that
-    were not alive before, not counting the returned tensor itself. Works under
-    full and selective checkpointing, because it watches live storages rather
-    than saved-tensor hooks.
+    The bytes of tensor storage alive after the call that were not alive before, not
+    counting the returned tensor itself. Works under full and selective checkpointing,
+    because it watches live storages rather than saved-tensor hooks.
+
+    Args:
+        forward: a zero-argument callable returning a tensor that requires grad.
+
+    Returns:
+        The saved bytes.
+
+    Raises:
+        ValueError: if `forward` returns no tensor, or one that does not require grad.
     """
     _check_callable(forward, "forward")
     with MemoryTracker() as tracker:
@@ -255,6 +277,12 @@ def tracker_method(device: torch.device | str) -> str:
     allocator's record, with the tracker's categories), so its figures carry their own label.
     Between micro-steps, where lesson 03 reads it, no kernel holds a buffer of its own, so the
     two CPU figures agree there.
+
+    Args:
+        device: the device measured (validated).
+
+    Returns:
+        `TENSOR_TRACKER`.
     """
     torch.device(device)  # validates the argument
     return TENSOR_TRACKER
@@ -263,10 +291,16 @@ def tracker_method(device: torch.device | str) -> str:
 def micro_step_memory(loop: Callable[[Mark], object], model: nn.Module) -> MicroStepMemory:
     """Run `loop(mark)` once under a `MemoryTracker` and read live memory at each mark.
 
-    `loop` is the accumulation loop under study; it calls `mark(label)` after
-    each micro-step. Tensors made before the call (the batches) are not
-    counted; the model's parameters and gradients are. Grads are cleared
-    before and after, so runs do not see each other's gradients.
+    Tensors made before the call (the batches) are not counted; the model's parameters
+    and gradients are. Grads are cleared before and after, so runs do not see each
+    other's gradients.
+
+    Args:
+        loop: the accumulation loop under study; it calls `mark(label)` after each micro-step.
+        model: the model the loop trains.
+
+    Returns:
+        A `MicroStepMemory`: the labels, live bytes after each mark, the peaks and the method.
     """
     callable_arg("loop", loop, "a callable taking mark(label)")
     trainable_params(model)
@@ -295,13 +329,24 @@ def run_capped(fn: Callable[[], object], budget_bytes: float, device: torch.devi
                counted_bytes: int = 0) -> object | None:
     """Run `fn()` with this process's CUDA memory capped at `budget_bytes`; None if it ran out.
 
-    `counted_bytes` is memory already allocated that the budget includes (the
-    parameters and optimizer state, which a measured peak counts too). The cap, set with
-    `torch.cuda.set_per_process_memory_fraction`, is what the allocator holds now plus
-    `budget_bytes - counted_bytes`, so an allocation past it raises
+    The cap, set with `torch.cuda.set_per_process_memory_fraction`, is what the allocator
+    holds now plus `budget_bytes - counted_bytes`, so an allocation past it raises
     `torch.cuda.OutOfMemoryError`. That is caught by `helpers.memory.run_or_oom`, memory is
     freed and None is returned. The previous cap (`LESSONS_GPU_MEMORY_GB`, or none) is put
     back afterwards. CUDA only: on CPU, draw the budget as a labelled line instead.
+
+    Args:
+        fn: a zero-argument callable.
+        budget_bytes: the memory it may use, in bytes.
+        device: a CUDA device.
+        counted_bytes: memory already allocated that the budget includes (the parameters
+            and optimizer state, which a measured peak counts too).
+
+    Returns:
+        What `fn()` returned, or None when it ran out of memory.
+
+    Raises:
+        ValueError: if `device` is not CUDA, or `counted_bytes` is not in [0, budget_bytes).
     """
     from helpers.device import apply_memory_cap
 

@@ -174,6 +174,9 @@ def fit_profile(measure: Callable[[int], object], micro_batches: Sequence[int] =
         fit of every size. Each line is then raised, if needed, so that it is never below a
         measured point it stands for: a prediction at a measured size is never below the
         measurement.
+
+    Raises:
+        ValueError: for fewer than two distinct sizes.
     """
     callable_arg("measure", measure, "a callable measure(b) -> StepMemory")
     sizes = [positive_int("micro_batches[i]", b) for b in micro_batches]

@@ -76,7 +76,12 @@ class MLPBlock(nn.Module):
 
 
 class ResidualMLP(_Blocks):
-    """`depth` residual MLP blocks between an input and an output projection."""
+    """`depth` residual MLP blocks between an input and an output projection.
+
+    Args:
+        d_in, width, depth, d_out: input size, block width, blocks and output size (each >= 1).
+        expansion: each block's hidden layer is `expansion * width` wide.
+    """
 
     def __init__(self, d_in: int, width: int, depth: int, d_out: int, expansion: int = 4) -> None:
         super().__init__()
@@ -91,7 +96,17 @@ class ResidualMLP(_Blocks):
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Sizes of the GPT-style model. `dropout` applies to attention and residuals."""
+    """Sizes of the GPT-style model.
+
+    Attributes:
+        vocab_size, seq_len, d_model, n_heads, n_layers: the sizes (each >= 1; d_model
+            divisible by n_heads).
+        dropout: applies to attention and residuals, in [0, 1).
+        fused_attention: use `scaled_dot_product_attention` instead of the written-out attention.
+
+    Raises:
+        ValueError: for a size below 1, d_model not divisible by n_heads, or dropout out of range.
+    """
 
     vocab_size: int = 128
     seq_len: int = 64
@@ -149,7 +164,11 @@ class CausalSelfAttention(nn.Module):
 
 
 class GPTBlock(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+    """Pre-LayerNorm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)).
+
+    Args:
+        cfg: the sizes (d_model, heads, dropout, attention kernel) of the GPT it belongs to.
+    """
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -166,7 +185,11 @@ class GPTBlock(nn.Module):
 
 
 class GPT(_Blocks):
-    """A small GPT-style language model: token + position embeddings, blocks, LM head."""
+    """A small GPT-style language model: token + position embeddings, blocks, LM head.
+
+    Args:
+        cfg: its sizes; `forward(idx)` maps token ids (batch, seq) to logits (batch, seq, vocab).
+    """
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -206,7 +229,10 @@ def _norm(kind: str, channels: int) -> nn.Module:
 class ConvNet(_Blocks):
     """Conv -> norm -> ReLU blocks, global average pooling and a linear classifier.
 
-    `norm` is 'batch' (BatchNorm2d, the default), 'group', 'layer' or 'none'.
+    Args:
+        in_channels, width, depth, num_classes: input channels, channels per block,
+            blocks and classes (each >= 1).
+        norm: "batch" (BatchNorm2d, the default), "group", "layer" or "none".
     """
 
     def __init__(
@@ -240,6 +266,11 @@ class DropoutMLP(nn.Module):
     `forward(x, masks)` uses the given keep-masks (one bool tensor of shape
     (len(x), width) per dropout layer) instead of drawing new ones, so the
     full batch's masks can be sliced per micro-batch.
+
+    Args:
+        d_in, width, d_out: input, hidden and output sizes.
+        p: the dropout probability, in (0, 1).
+        n_dropout: the number of dropout blocks.
     """
 
     def __init__(self, d_in: int, width: int, d_out: int, *, p: float = 0.5,
@@ -270,7 +301,14 @@ class DropoutMLP(nn.Module):
 
 
 def param_bytes(model: nn.Module) -> int:
-    """Bytes held by the model's parameters (each storage counted once)."""
+    """Bytes held by the model's parameters (each storage counted once).
+
+    Args:
+        model: the model.
+
+    Returns:
+        The bytes.
+    """
     instance_arg("model", model, nn.Module, "torch.nn.Module")
     seen: dict[int, int] = {}
     for p in model.parameters():
@@ -280,7 +318,17 @@ def param_bytes(model: nn.Module) -> int:
 
 
 def device_of(model: nn.Module) -> torch.device:
-    """The device of `model`'s first parameter (the lessons' models live on one device)."""
+    """The device of `model`'s first parameter (the lessons' models live on one device).
+
+    Args:
+        model: a module with at least one parameter.
+
+    Returns:
+        That parameter's device.
+
+    Raises:
+        ValueError: if `model` is not a module or has no parameters.
+    """
     instance_arg("model", model, nn.Module, "torch.nn.Module")
     first = next(model.parameters(), None)
     if first is None:
@@ -314,6 +362,14 @@ def seeded_gpt(cfg: GPTConfig, device: torch.device | str, seed: int = 0) -> GPT
     The weights come from torch's CPU generator seeded with `seed` (the same numbers
     as `torch.manual_seed(seed)` followed by `GPT(cfg)`), inside `fork_rng`, so the
     caller's random stream (CPU and CUDA) is left as it was.
+
+    Args:
+        cfg: the model's sizes.
+        device: where the model goes.
+        seed: a non-negative int.
+
+    Returns:
+        The `GPT`.
     """
     instance_arg("cfg", cfg, GPTConfig, "helpers.models.GPTConfig")
     non_negative_int("seed", seed)
@@ -324,12 +380,28 @@ def seeded_gpt(cfg: GPTConfig, device: torch.device | str, seed: int = 0) -> GPT
 
 
 def explainer_model(scale: str, device: torch.device | str, seed: int = 0) -> GPT:
-    """A freshly initialised `explainer_config(scale)` GPT on `device`, in train mode (`seeded_gpt`)."""
+    """A freshly initialised `explainer_config(scale)` GPT on `device`, in train mode (`seeded_gpt`).
+
+    Args:
+        scale: "tiny", "small", "medium" or "full".
+        device: where the model goes.
+        seed: the seed its weights are drawn from.
+
+    Returns:
+        The `GPT`.
+    """
     return seeded_gpt(explainer_config(scale), device, seed)
 
 
 def deep_gpt_setup(scale: str) -> tuple[GPTConfig, int]:
-    """(config, micro-batch) of the GPT that sections 2-9 checkpoint."""
+    """The GPT that lesson 02's sections 2-9 checkpoint.
+
+    Args:
+        scale: "tiny", "small", "medium" or "full".
+
+    Returns:
+        (config, micro-batch).
+    """
     cfg = by_scale(
         scale,
         tiny=GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=8, dropout=0.1),

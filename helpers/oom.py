@@ -37,7 +37,17 @@ LARGE_SHARE = 0.10
 
 
 def parse_size(text: str) -> int:
-    """Bytes of a size as the CUDA allocator prints it: "2.00 GiB", "512.00 MiB", "20 bytes"."""
+    """Bytes of a size as the CUDA allocator prints it: "2.00 GiB", "512.00 MiB", "20 bytes".
+
+    Args:
+        text: the size.
+
+    Returns:
+        The bytes.
+
+    Raises:
+        ValueError: if `text` is not such a size.
+    """
     m = re.fullmatch(r"\s*" + _SIZE + r"\s*", text)
     if m is None:
         raise ValueError(f"cannot read {text!r} as a size; expected e.g. '2.00 GiB' or '20 bytes'")

@@ -226,14 +226,19 @@ def _phase_memory(peaks: dict[str, tuple[int, dict[str, int], int]], excess: dic
 class UpdateMeasurer:
     """`measurer(b)` measures one update of `steps` micro-batches of `b` token sequences.
 
-    It keeps one optimizer (a name in `OPTIMIZERS`, or an existing optimizer of `model`
-    to share), warmed up once so that its state exists, and sets `model.block_wrapper`
-    to `helpers.checkpointing.apply_ac`'s "full" mode while measuring when `checkpointed` is true. With
-    `steps >= 2` the gradients of the previous micro-steps (and the previous micro-step's
+    With `steps >= 2` the gradients of the previous micro-steps (and the previous micro-step's
     outputs, which the loop's `predictions` variable still holds) are alive during each
     forward pass, as in any accumulation update; the peak is then the same for every
     number of steps, and the first micro-step's peak (`PhaseMemory.first_step_peak_bytes`)
     is that of an update of one micro-step.
+
+    Args:
+        model: the GPT measured.
+        checkpointed: set `model.block_wrapper` to `apply_ac`'s "full" mode while measuring.
+        optimizer: a name in `OPTIMIZERS`, or an existing optimizer of `model` to share; it
+            is warmed up once so that its state exists.
+        steps: micro-steps per update.
+        seed: seeds the token batches.
     """
 
     def __init__(self, model: GPT, *, checkpointed: bool = False,
@@ -317,15 +322,20 @@ def measure_update(
     micro-step on the gradients are alive next to the activations. It is the
     explainer's loop as written: `predictions` and `loss` stay bound until the next
     micro-step reassigns them, and the last ones through the optimizer step.
-    `block_wrapper` (a wrapper such as a checkpoint call, or a mode of
-    `helpers.checkpointing.apply_ac` such as "full"; None: plain) is applied with `apply_ac`
-    for the duration.
 
-    `max_micro_steps` (>= 2) runs only that many of the `steps` micro-steps. Every
-    micro-step from the second on holds the same memory (same shapes, gradients
-    already alive), so the peak of the whole update is the peak of its first two
-    micro-steps and the optimizer step; lesson 01 checks this before its widget
-    relies on it.
+    Args:
+        model: the GPT measured.
+        micro_batch, steps: B and K.
+        optimizer: a name in `OPTIMIZERS`.
+        block_wrapper: a wrapper such as a checkpoint call, or a mode of
+            `helpers.checkpointing.apply_ac` such as "full" (None: plain), applied for the duration.
+        seed: seeds the token batches.
+        max_micro_steps: (>= 2) run only that many of the `steps` micro-steps. Every micro-step
+            from the second on holds the same memory, so the peak of the whole update is the
+            peak of its first two micro-steps and the optimizer step (lesson 01 checks this).
+
+    Returns:
+        The `StepMemory` of the measured update.
     """
     positive_int("micro_batch", micro_batch)
     positive_int("steps", steps)
@@ -355,7 +365,15 @@ def measure_config(
     model: GPT, *, micro_batch: int, steps: int, optimizer: str = "adam",
     block_wrapper: str | BlockWrapper | None = None, seed: int = 0, max_micro_steps: int | None = None,
 ) -> ConfigMemory:
-    """`measure_update` summarised as a row of the explainer's table."""
+    """`measure_update` summarised as a row of the explainer's table.
+
+    Args:
+        model, micro_batch, steps, optimizer, block_wrapper, seed, max_micro_steps: as for
+            `measure_update`.
+
+    Returns:
+        A `ConfigMemory` (B, K, peak, activations, floor, other, method).
+    """
     mem = measure_update(model, micro_batch=micro_batch, steps=steps, optimizer=optimizer,
                          block_wrapper=block_wrapper, seed=seed, max_micro_steps=max_micro_steps)
     b = mem.breakdown
@@ -374,7 +392,20 @@ def breakdown_for(model: GPT, micro_batch: int, optimizer: str = "adam") -> Step
 def activation_sweep(
     model: GPT, micro_batches: Sequence[int], optimizer: str = "adam", progress: bool = True
 ) -> dict[int, StepMemory | None]:
-    """`breakdown_for` at each micro-batch size, with a progress bar (None marks an OOM)."""
+    """`breakdown_for` at each micro-batch size, with a progress bar.
+
+    Args:
+        model: the GPT measured.
+        micro_batches: at least two sizes.
+        optimizer: a name in `OPTIMIZERS`.
+        progress: show the progress bar.
+
+    Returns:
+        {micro-batch: its `StepMemory`, or None for an OOM}.
+
+    Raises:
+        ValueError: for fewer than two sizes.
+    """
     if len(micro_batches) < 2:
         raise ValueError(f"need at least two micro-batch sizes, got {list(micro_batches)}")
     from helpers.display import progress as progress_line

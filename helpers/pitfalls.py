@@ -122,7 +122,14 @@ def _conv_setup(
 
 
 def default_micro_batches(batch: int) -> list[int]:
-    """Powers of two that divide `batch`, from 1 up to and including `batch` itself."""
+    """Powers of two that divide `batch`, from 1 up to and including `batch` itself.
+
+    Args:
+        batch: the full batch (>= 1).
+
+    Returns:
+        The micro-batch sizes, ascending.
+    """
     positive_int("batch", batch)
     sizes = [2**i for i in range(batch.bit_length()) if batch % 2**i == 0]
     return sizes if sizes[-1] == batch else sizes + [batch]
@@ -142,12 +149,20 @@ def norm_error_curve(
 ) -> dict[int, float]:
     """L2 relative error of the accumulated gradient against the full-batch gradient.
 
-    Builds a `ConvNet(norm=norm)` and an `image_batch(batch)`, puts the
-    BatchNorm layers in `mode` (see `set_norm_mode`), and returns
-    {micro_batch: ||g_accumulated - g_full|| / ||g_full||} (`GradDiff.l2_rel`).
-    `micro_batches` defaults to `default_micro_batches(batch)`. The weights come
-    from `seed` on a private copy of torch's random state, so calls repeat
-    exactly and the caller's random stream is left alone.
+    The weights come from `seed` on a private copy of torch's random state, so calls
+    repeat exactly and the caller's random stream is left alone.
+
+    Args:
+        norm: the `ConvNet`'s norm ("batch", "group", "layer" or "none").
+        batch: examples in the `image_batch`.
+        micro_batches: the sizes to try (default `default_micro_batches(batch)`).
+        mode: the BatchNorm layers' mode (see `set_norm_mode`).
+        width, depth, size: the ConvNet's width and depth and the images' side.
+        seed: seeds the weights and data.
+        device: where it runs.
+
+    Returns:
+        {micro_batch: ||g_accumulated - g_full|| / ||g_full||} (`GradDiff.l2_rel`).
     """
     positive_int("width", width)
     positive_int("depth", depth)
@@ -170,6 +185,18 @@ def ghost_batch_grad(
     Each chunk goes through the model on its own, so every BatchNorm layer
     normalizes with the statistics of its chunk ("ghost batch norm"); the
     outputs are concatenated and one mean loss and one backward follow.
+
+    Args:
+        model: the model (gradients cleared before and after).
+        loss_fn: `loss_fn(outputs, targets)` -> a mean loss.
+        inputs, targets: the batch.
+        ghost: examples per chunk (1 to the batch).
+
+    Returns:
+        The flat gradient.
+
+    Raises:
+        ValueError: if `ghost` is larger than the batch.
     """
     n = check_batch(inputs, targets)
     positive_int("ghost", ghost)
@@ -182,7 +209,17 @@ def ghost_batch_grad(
 
 
 def batchnorm_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every BatchNorm layer's running_mean, running_var and num_batches_tracked, concatenated."""
+    """Every BatchNorm layer's running_mean, running_var and num_batches_tracked, concatenated.
+
+    Args:
+        model: a model with BatchNorm layers.
+
+    Returns:
+        {buffer name: the layers' values as one float64 CPU vector}.
+
+    Raises:
+        ValueError: if `model` has no BatchNorm layer.
+    """
     layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not layers:
         raise ValueError("model has no BatchNorm layers")
@@ -199,11 +236,21 @@ def dropout_grads(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(full-batch gradient, accumulated gradient) of a `DropoutMLP` in training mode.
 
-    `shared_masks=False`: both runs start from the same seed and let dropout
-    draw its own masks. `shared_masks=True`: the full batch's masks are drawn
-    once and each micro-batch uses its slice of them. Weights and masks come
-    from `seed` on a private copy of torch's random state (the caller's random
-    stream is left alone), so calls repeat exactly.
+    Weights and masks come from `seed` on a private copy of torch's random state (the
+    caller's random stream is left alone), so calls repeat exactly.
+
+    Args:
+        micro_batch: examples per micro-batch (1 to `batch`).
+        shared_masks: False: both runs start from the same seed and let dropout draw its
+            own masks. True: the full batch's masks are drawn once and each micro-batch
+            uses its slice of them.
+        batch: examples in all.
+        n_dropout: dropout layers.
+        seed: seeds the weights, data and masks.
+        device: where it runs.
+
+    Returns:
+        The two flat gradients.
     """
     check_micro_batch(micro_batch, positive_int("batch", batch))
     int_at_least("seed", seed, 0)
@@ -234,6 +281,16 @@ def warmup_cosine(warmup_steps: int, total_steps: int) -> Callable[[int], float]
 
     Step s of warmup gives (s + 1) / warmup_steps (so the peak is at step
     warmup_steps - 1); after `total_steps` the multiplier stays at 0.
+
+    Args:
+        warmup_steps: steps of warmup (>= 1).
+        total_steps: steps to the end of the cosine (more than `warmup_steps`).
+
+    Returns:
+        step -> multiplier, for `LambdaLR`.
+
+    Raises:
+        ValueError: if `total_steps` does not exceed `warmup_steps`.
     """
     positive_int("warmup_steps", warmup_steps)
     positive_int("total_steps", total_steps)
@@ -273,10 +330,22 @@ def lr_schedule(
 ) -> Schedule:
     """Step a real `LambdaLR(warmup_cosine(warmup, updates))` through `updates` updates.
 
-    Each update is `accum_steps` micro-steps of `micro_batch` examples.
-    `per='update'` steps the scheduler after each optimizer step (right);
-    `per='micro'` steps it after every micro-step (wrong). The optimizer holds
-    one dummy parameter; warnings torch raises are recorded, not shown.
+    The optimizer holds one dummy parameter; warnings torch raises are recorded, not shown.
+
+    Args:
+        accum_steps: micro-steps per update.
+        per: "update" steps the scheduler after each optimizer step (right); "micro"
+            after every micro-step (wrong).
+        micro_batch: examples per micro-step.
+        updates: optimizer steps (>= 2).
+        warmup: warmup updates (fewer than `updates`).
+        base_lr: the peak learning rate.
+
+    Returns:
+        The `Schedule`: examples seen and the lr at each update, where warmup ended, the warnings.
+
+    Raises:
+        ValueError: if `warmup` is not smaller than `updates`.
     """
     positive_int("accum_steps", accum_steps)
     positive_int("micro_batch", micro_batch)

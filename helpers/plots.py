@@ -61,7 +61,14 @@ UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 
 
 def format_bytes(n: float) -> str:
-    """Human-readable bytes with binary units, e.g. 3.2 MiB or 512 B."""
+    """Human-readable bytes with binary units, e.g. 3.2 MiB or 512 B.
+
+    Args:
+        n: a number of bytes (negative gets a minus sign).
+
+    Returns:
+        The text.
+    """
     sign = "-" if n < 0 else ""
     n = abs(n)
     for unit, size in UNITS:
@@ -71,7 +78,14 @@ def format_bytes(n: float) -> str:
 
 
 def byte_unit(max_bytes: float) -> tuple[str, int]:
-    """The unit (name, size) that suits an axis whose largest value is `max_bytes`."""
+    """The unit that suits an axis whose largest value is `max_bytes`.
+
+    Args:
+        max_bytes: the largest value on the axis, in bytes.
+
+    Returns:
+        (name, size in bytes), e.g. ("MiB", 2**20).
+    """
     for unit, size in UNITS:
         if max_bytes >= size:
             return unit, size
@@ -79,7 +93,15 @@ def byte_unit(max_bytes: float) -> tuple[str, int]:
 
 
 def figure(ncols: int = 1, *, width: float = 7.5, height: float = 3.6) -> tuple[Figure, list[Axes]]:
-    """A new figure with `ncols` axes side by side (always returned as a list)."""
+    """A new figure with `ncols` axes side by side.
+
+    Args:
+        ncols: the number of axes (>= 1).
+        width, height: the figure's size in inches.
+
+    Returns:
+        (figure, list of its axes), a list even for one.
+    """
     positive_int("ncols", ncols)
     fig, axes = plt.subplots(1, ncols, figsize=(width, height), squeeze=False)
     return fig, list(axes[0])
@@ -96,6 +118,9 @@ def plain_ticks(ax: Axes, axis: str = "both") -> None:
     Args:
         ax: the axes.
         axis: "x", "y" or "both".
+
+    Raises:
+        ValueError: for another `axis`.
     """
     import math
 
@@ -221,9 +246,14 @@ def show(fig: Figure) -> None:
     """Display `fig` as a PNG in the notebook, then close it.
 
     Rendering to PNG ourselves works the same under any backend, including
-    `MPLBACKEND=Agg` in CI; closing keeps reruns from piling up figures. Under
-    `LESSONS_STRICT=1` (CI) a figure with `layout_problems` raises `ValueError`, so a
-    clipped title or a legend over the bars cannot land unnoticed.
+    `MPLBACKEND=Agg` in CI; closing keeps reruns from piling up figures.
+
+    Args:
+        fig: the figure.
+
+    Raises:
+        ValueError: under `LESSONS_STRICT=1` (CI), for a figure with `layout_problems`, so a
+            clipped title or a legend over the bars cannot land unnoticed.
     """
     import io
     import os
@@ -251,7 +281,18 @@ def stacked_bars(
     budget_label: str = "budget",
     title: str = "",
 ) -> None:
-    """One stacked bar per entry of `breakdowns` ({label: {category: bytes}})."""
+    """One stacked bar per entry of `breakdowns`, in a byte unit that suits the tallest.
+
+    Args:
+        ax: the axes.
+        breakdowns: {label: {category: bytes}}.
+        budget: bytes at which to draw a dashed budget line, if any.
+        budget_label: that line's label.
+        title: the axes title.
+
+    Raises:
+        ValueError: if `breakdowns` is empty.
+    """
     if not breakdowns:
         raise ValueError("breakdowns is empty: give at least one {label: {category: bytes}}")
     peak = max(sum(b.values()) for b in breakdowns.values())
@@ -300,8 +341,12 @@ def timeline(ax: Axes, series: Mapping[str, Sequence[float]], phases: Sequence[s
              *, title: str = "") -> None:
     """Stacked area of live bytes per category against op index, with labelled phase bands.
 
-    The forward, backward, optimizer and recompute phases are shaded and named
-    at the top of the axes.
+    Args:
+        ax: the axes.
+        series: {category: live bytes after each op}, e.g. `Timeline.series`.
+        phases: the phase of each op; forward, backward, optimizer and recompute are shaded
+            and named at the top of the axes.
+        title: the axes title.
     """
     totals = [sum(v) for v in zip(*series.values(), strict=True)]
     unit, size = byte_unit(max(totals) if totals else 0)
@@ -326,7 +371,17 @@ BUDGET_LABEL = "24 GB budget, scaled (drawn)"
 
 def plot_measured_table(rows: Sequence[ConfigMemory], labels: Sequence[str] | None = None,
                         budget: float | None = None, *, budget_label: str = BUDGET_LABEL) -> None:
-    """Stacked bars (floor, activations, other) of measured rows, with an optional budget line."""
+    """Stacked bars (floor, activations, other) of measured rows, with an optional budget line; shown.
+
+    Args:
+        rows: the measured configurations (`ConfigMemory`).
+        labels: one label per row (default "B x K").
+        budget: bytes at which to draw the budget line, if any.
+        budget_label: the budget line's label.
+
+    Raises:
+        ValueError: if `rows` is empty or `labels` has another length.
+    """
     if not rows:
         raise ValueError("rows is empty: measure at least one configuration")
     labels = list(labels) if labels is not None else [f"{r.micro_batch} x {r.steps}" for r in rows]

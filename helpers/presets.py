@@ -44,10 +44,20 @@ PRESETS: dict[str, ArchConfig] = RELEASED
 def preset_spec(
     name: str, seq_len: int | None = None
 ) -> tuple[Callable[[], nn.Module], BatchSpec, ArchConfig]:
-    """(factory, batch spec, config) of a preset: `helpers.architectures.released(name, seq_len)`.
+    """A preset's model: `helpers.architectures.released(name, seq_len)`.
 
-    The parameter count never changes with `seq_len`; a GPT-2 preset refuses `seq_len` > 1024
-    (its learned position table) with a ValueError naming the limit.
+    The parameter count never changes with `seq_len`.
+
+    Args:
+        name: one of `PRESETS`.
+        seq_len: tokens per sequence (default: as `released` picks).
+
+    Returns:
+        (factory, batch spec, config).
+
+    Raises:
+        ValueError: for an unknown preset, or a GPT-2 preset's `seq_len` > 1024 (its learned
+            position table).
     """
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {tuple(PRESETS)}")

@@ -82,7 +82,14 @@ def _kill(pid: int) -> None:
 
 
 def pick_backend(world_size: int) -> str:
-    """'nccl' when this machine has at least `world_size` CUDA GPUs, else 'gloo' (CPU)."""
+    """The `torch.distributed` backend for `world_size` workers on this machine.
+
+    Args:
+        world_size: the number of workers (>= 1).
+
+    Returns:
+        "nccl" when this machine has at least `world_size` CUDA GPUs and NCCL, else "gloo" (CPU).
+    """
     positive_int("world_size", world_size)
     if torch.cuda.is_available() and torch.cuda.device_count() >= world_size and dist.is_nccl_available():
         return "nccl"
@@ -90,7 +97,11 @@ def pick_backend(world_size: int) -> str:
 
 
 def max_workers() -> int:
-    """The most workers the widget offers: the CPU cores (at most 4), or the GPUs under NCCL."""
+    """The most workers the widget offers.
+
+    Returns:
+        The GPUs (at most 4) when there are at least two, else the CPU cores (1 to 4).
+    """
     if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
         return min(torch.cuda.device_count(), 4)
     return max(1, min(os.cpu_count() or 1, 4))

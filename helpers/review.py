@@ -121,9 +121,17 @@ def run_ledger(
 ) -> Ledger:
     """Run the quick check of every claim (or of the ids in `only`) on this device.
 
-    Claims whose lesson module does not exist yet are listed as `pending`, not run. The
-    progress line is `helpers.display.progress`: in a notebook it keeps its final state when
-    saved; in a terminal it is a tqdm bar on stderr.
+    Claims whose lesson module does not exist yet are listed as `pending`, not run.
+
+    Args:
+        only: the claim ids to check (default: all).
+        progress: show `helpers.display.progress`: in a notebook it keeps its final state when
+            saved; in a terminal it is a tqdm bar on stderr.
+        device: where to run (default: `pick_device()`).
+        claims: the claims to choose from.
+
+    Returns:
+        The `Ledger`: one row per claim checked, the pending ones, and where it ran.
     """
     device = device or pick_device()
     chosen = _select(only, claims)
@@ -190,8 +198,15 @@ def to_markdown(ledger: Ledger) -> str:
 
 
 def evidence_table(ledger: Ledger) -> str:
-    """The ledger as a short Markdown table that wraps in a notebook: id, claim, lesson, what was
-    measured (number and sentence, never cut), result; then one line on where it ran."""
+    """The ledger as a short Markdown table that wraps in a notebook.
+
+    Args:
+        ledger: from `run_ledger`.
+
+    Returns:
+        The table (id, claim, lesson, what was measured, never cut, and the result), then one
+        line on how many passed and where it ran.
+    """
     rows = [(r.claim.id, r.claim.text, r.claim.lesson, f"{_value(r)}: {r.error or r.detail}",
              "pass" if r.passed else "**FAIL**") for r in ledger.rows]
     rows += [(c.id, c.text, c.lesson, f"waits for {c.needs}", "waiting") for c in ledger.pending]

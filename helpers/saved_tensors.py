@@ -39,6 +39,12 @@ def dropout_mask_bytes(device: torch.device | str = "cpu") -> float:
     A bool mask (1 byte) on CUDA; on CPU torch keeps a scaled float mask, as
     many bytes as the activation itself. The mask's random draw happens inside
     `fork_rng`, so the caller's random stream is left as it was.
+
+    Args:
+        device: where to measure.
+
+    Returns:
+        The bytes per element.
     """
     device = torch.device(device)
     x = torch.ones(4096, device=device, requires_grad=True)
@@ -144,9 +150,18 @@ def saved_tensor_table(block: nn.Module, x: torch.Tensor) -> list[SavedTensor]:
 
     The input is copied inside the region, so the block's own input counts (in a
     stack it is the previous block's output). Parameters and buffers are not
-    activations and are left out. Rows come in forward order; a tensor that
-    shares memory with an earlier row gets `nbytes=0`. `term` maps each row to
-    Korthikanti et al.'s terms for a `helpers.models.GPTBlock`.
+    activations and are left out.
+
+    Args:
+        block: the module, e.g. a `helpers.models.GPTBlock`.
+        x: its input, (batch, seq, hidden).
+
+    Returns:
+        `SavedTensor` rows in forward order; a tensor that shares memory with an earlier
+        row gets `nbytes=0`. `term` maps each row to Korthikanti et al.'s terms for a `GPTBlock`.
+
+    Raises:
+        ValueError: if `x` is not 3-D.
     """
     instance_arg("block", block, nn.Module, "torch.nn.Module")
     tensor_arg("x", x)
@@ -171,7 +186,14 @@ def saved_tensor_table(block: nn.Module, x: torch.Tensor) -> list[SavedTensor]:
 
 
 def bytes_by_term(rows: Sequence[SavedTensor]) -> dict[str, int]:
-    """Sum the rows of `saved_tensor_table` per Korthikanti term."""
+    """Sum the rows of `saved_tensor_table` per Korthikanti term.
+
+    Args:
+        rows: the table's rows.
+
+    Returns:
+        {term: bytes}.
+    """
     out: dict[str, int] = {}
     for row in rows:
         out[row.term] = out.get(row.term, 0) + row.nbytes
@@ -199,6 +221,14 @@ def save_matmul_outputs(ctx: object, op: object, *args: object, **kwargs: object
     core. It is *not* Korthikanti et al.'s scheme, which keeps LayerNorm, GELU
     and the residual dropouts and recomputes only the attention core
     (`attention_core_policy`).
+
+    Args:
+        ctx: the selective-checkpoint context (unused).
+        op: the op about to run.
+        *args, **kwargs: its arguments (unused).
+
+    Returns:
+        `MUST_SAVE` for a Linear matmul, else `PREFER_RECOMPUTE`.
     """
     return CheckpointPolicy.MUST_SAVE if op in _LINEAR_MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -220,7 +250,14 @@ def attention_core_policy(batch: int, n_heads: int) -> Policy:
     the mask, so plain autograd drops them and this policy keeps them (2sbh
     activation elements); and the two residual dropout masks are redrawn, not
     kept (2sbh mask elements).
-    The sequence length must differ from `n_heads` (else the two layouts look alike).
+
+    Args:
+        batch: the micro-batch the block runs on.
+        n_heads: its heads (>= 2); the sequence length must differ from it (else the
+            two layouts look alike).
+
+    Returns:
+        The policy, for `create_selective_checkpoint_contexts`.
     """
     int_at_least("batch", batch, 1)
     int_at_least("n_heads", n_heads, 2)  # one head would make (batch * heads, s, .) look like (batch, s, h)
@@ -263,12 +300,21 @@ class _Origins(OpObserver):
 def saved_tensor_bytes(forward: Callable[[], torch.Tensor], model: nn.Module) -> dict[tuple[str, str], int]:
     """Bytes autograd saves during `forward()`, by (op that allocated it, dtype).
 
-    Runs the zero-argument `forward` once under a saved-tensor hook and counts
-    each saved storage once. Tensors that existed before the call (the model's
-    parameters and buffers, the input batch) are not activations and are left
-    out. Ops are aten names: `addmm` (a Linear), `_to_copy` (a dtype cast, e.g.
-    autocast's), `native_layer_norm`, `_softmax`, ... Call it inside
-    `torch.autocast(...)` to see what autocast keeps.
+    Runs `forward` once under a saved-tensor hook and counts each saved storage once.
+    Tensors that existed before the call (the model's parameters and buffers, the input
+    batch) are not activations and are left out. Ops are aten names: `addmm` (a Linear),
+    `_to_copy` (a dtype cast, e.g. autocast's), `native_layer_norm`, `_softmax`, ...
+    Call it inside `torch.autocast(...)` to see what autocast keeps.
+
+    Args:
+        forward: a zero-argument callable returning a tensor that requires grad.
+        model: the model it runs.
+
+    Returns:
+        {(op, dtype): bytes}.
+
+    Raises:
+        ValueError: if `forward` returns no tensor that requires grad.
     """
     callable_arg("forward", forward, "a zero-argument callable")
     instance_arg("model", model, nn.Module, "torch.nn.Module")
@@ -305,5 +351,12 @@ _GROUPS = {
 
 
 def origin_group(op: str) -> str:
-    """A learner's name for the aten op that allocated a saved tensor (e.g. addmm -> 'matmul outputs')."""
+    """A learner's name for the aten op that allocated a saved tensor.
+
+    Args:
+        op: the aten op's name, e.g. "addmm".
+
+    Returns:
+        Its group, e.g. "matmul outputs" (the op's own name when it has none).
+    """
     return _GROUPS.get(op, op)

@@ -84,6 +84,16 @@ def variable_length_sequences(
 
     The tokens follow `helpers.data.token_batch`'s rule (each token is the
     previous one plus a per-sequence step), cut to each sequence's length.
+
+    Args:
+        n: sequences.
+        max_len: the longest length.
+        vocab_size: the vocabulary.
+        spread: how much the lengths vary, in [0, 1].
+        seed: seeds the tokens and the lengths.
+
+    Returns:
+        The (input ids, labels) pairs.
     """
     lengths = sequence_lengths(n, max_len, spread, seed=seed + 1)
     inputs, labels = token_batch(n, max_len, vocab_size, seed=seed)
@@ -111,6 +121,17 @@ def pad_sequences(
     Right padding with a causal model leaves the logits at valid positions
     unchanged, so padding a micro-batch or the whole batch gives the same
     per-token losses.
+
+    Args:
+        samples: (input ids, labels) pairs.
+        pad_id: the token id of padding.
+        device: where the batch goes.
+
+    Returns:
+        The `MicroBatch` (input ids and labels, both (len(samples), longest)).
+
+    Raises:
+        ValueError: if `samples` is empty.
     """
     if not samples:
         raise ValueError("samples is empty; give at least one (input ids, labels) pair")
@@ -126,7 +147,16 @@ def pad_sequences(
 def split_micro_batches(
     samples: Sequence[Sample], micro_batch: int, *, device: torch.device | str = "cpu"
 ) -> list[MicroBatch]:
-    """Cut `samples` into consecutive micro-batches of `micro_batch`, each padded on its own."""
+    """Cut `samples` into consecutive micro-batches of `micro_batch`, each padded on its own.
+
+    Args:
+        samples: (input ids, labels) pairs.
+        micro_batch: sequences per micro-batch (1 to len(samples)); the last may be smaller.
+        device: where the batches go.
+
+    Returns:
+        The `MicroBatch`es, in order.
+    """
     int_in_range("micro_batch", micro_batch, 1, len(samples))  # at most the number of samples
     return [
         pad_sequences(samples[i : i + micro_batch], device=device)
@@ -158,8 +188,16 @@ def count_valid_tokens(
 ) -> int:
     """Valid (label != `ignore_index`) positions over every micro-batch of a group.
 
-    Raises `ValueError` for an empty group, labels that are not int64, or a
-    group with no valid token at all (its token mean would be 0/0).
+    Args:
+        labels_list: the group's int64 labels, one tensor per micro-batch.
+        ignore_index: the label of a position that does not count.
+
+    Returns:
+        The group's valid-token count (`num_items_in_batch`).
+
+    Raises:
+        ValueError: for an empty group, labels that are not int64, or a group with no valid
+            token at all (its token mean would be 0/0).
     """
     if len(labels_list) == 0:
         raise ValueError("the group is empty; give the labels of at least one micro-batch")
@@ -184,8 +222,16 @@ def micro_batch_loss(
     """Summed token cross-entropy of one micro-batch divided by the *group's* token count.
 
     Back-propagating this for every micro-batch of a group accumulates the
-    gradient of the group's global token mean. `num_items_in_batch` is that
-    count, from `count_valid_tokens` (Hugging Face's name for it).
+    gradient of the group's global token mean.
+
+    Args:
+        logits, labels: the micro-batch's (batch, seq, vocab) logits and (batch, seq) labels.
+        num_items_in_batch: the group's valid tokens, from `count_valid_tokens` (Hugging
+            Face's name for it).
+        ignore_index: the label of a position that does not count.
+
+    Returns:
+        The loss, a scalar tensor.
     """
     _check_pair(logits, labels)
     positive_int("num_items_in_batch", num_items_in_batch)  # valid tokens in the whole group
@@ -203,10 +249,18 @@ def group_normalised_loss(
 ) -> torch.Tensor:
     """The group's loss: every micro-batch's summed token loss over the group's valid tokens.
 
-    Equals the full batch's token-mean cross-entropy, whatever the padding and
-    lengths. Raises `ValueError` when the lists differ in length or are empty,
-    when a logits/labels pair does not match in shape, when labels are not
-    int64, or when the group has no valid token.
+    Equals the full batch's token-mean cross-entropy, whatever the padding and lengths.
+
+    Args:
+        logits_list, labels_list: one (logits, labels) pair per micro-batch.
+        ignore_index: the label of a position that does not count.
+
+    Returns:
+        The loss, a scalar tensor.
+
+    Raises:
+        ValueError: when the lists differ in length or are empty, a pair does not match in
+            shape, labels are not int64, or the group has no valid token.
     """
     if len(logits_list) != len(labels_list):
         raise ValueError(
@@ -237,7 +291,15 @@ def _device(model: nn.Module) -> torch.device:
 
 
 def full_batch_step(model: nn.Module, samples: Sequence[Sample]) -> StepResult:
-    """The reference: all samples padded together, one token-mean loss, one backward."""
+    """The reference: all samples padded together, one token-mean loss, one backward.
+
+    Args:
+        model: the model (gradients cleared before and after).
+        samples: (input ids, labels) pairs.
+
+    Returns:
+        A `StepResult`: the flat gradient and the loss.
+    """
     with cleared_grads(model):
         batch = pad_sequences(samples, device=_device(model))
         loss = lm_loss(model(batch.input_ids), batch.labels)
@@ -250,8 +312,17 @@ def naive_step(
 ) -> StepResult:
     """The naive loop: each micro-batch's token mean divided by K, one backward each.
 
-    K is `divide_by` (the nominal group size) or, by default, the number of
-    micro-batches. The logged loss is the sum of the back-propagated values.
+    Args:
+        model: the model (gradients cleared before and after).
+        micro_batches: the group.
+        divide_by: K, the nominal group size (default: the number of micro-batches).
+
+    Returns:
+        A `StepResult`: the flat gradient, and the logged loss (the sum of the
+        back-propagated values).
+
+    Raises:
+        ValueError: for no micro-batch or `divide_by < 1`.
     """
     k = len(micro_batches) if divide_by is None else divide_by
     if k < 1 or not micro_batches:
@@ -274,10 +345,16 @@ def fixed_step(
 ) -> StepResult:
     """The fix: summed token loss / the group's valid-token count, one backward each.
 
-    `num_items_in_batch` defaults to the valid tokens of `micro_batches`; pass
-    the count summed over all workers to simulate data parallelism, and
-    `scale=W` to undo the all-reduce's division by W. The logged loss is the
-    sum of the unscaled back-propagated values.
+    Args:
+        model: the model (gradients cleared before and after).
+        micro_batches: the group.
+        num_items_in_batch: the token count to divide by; defaults to the valid tokens of
+            `micro_batches`. Pass the count summed over all workers to simulate data parallelism.
+        scale: multiplies each back-propagated loss; `scale=W` undoes the all-reduce's division by W.
+
+    Returns:
+        A `StepResult`: the flat gradient, and the logged loss (the sum of the unscaled
+        back-propagated values).
     """
     n = num_items_in_batch
     if n is None:
@@ -297,6 +374,13 @@ def tiny_lm(
     """A small GPT (dropout 0, so repeated forwards agree), built from `seed`.
 
     The weights depend only on `seed`; the global random state is left as it was.
+
+    Args:
+        vocab_size, max_len, d_model, n_layers: its sizes (see `tiny_lm_config`).
+        seed: the seed of its weights.
+
+    Returns:
+        The `GPT`.
     """
     cfg = tiny_lm_config(vocab_size=vocab_size, max_len=max_len, d_model=d_model, n_layers=n_layers)
     with torch.random.fork_rng(devices=[]):
@@ -313,11 +397,22 @@ def tiny_lm_config(*, vocab_size: int, max_len: int, d_model: int, n_layers: int
 def pretrain(
     model: GPT, *, steps: int, n_seqs: int, spread: float = 0.0, lr: float = 1e-2, seed: int = 0
 ) -> list[float]:
-    """Train `model` briefly with Adam on fresh batches (`spread` 0: full length); return losses.
+    """Train `model` briefly with Adam on fresh batches.
 
     After a few dozen steps the first token of a sequence stays hard (its step
     is unknown) while later ones become easy, so short sequences have a higher
     per-token loss, as in real text. Gradients are cleared afterwards.
+
+    Args:
+        model: the GPT, trained in place.
+        steps: optimizer steps.
+        n_seqs: sequences per batch.
+        spread: how much the lengths vary (0: full length).
+        lr: Adam's learning rate.
+        seed: seeds the batches.
+
+    Returns:
+        The loss of each step.
     """
     cfg = model.cfg
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -367,7 +462,20 @@ def token_weighting_report(
     """Measure naive and fixed K-step accumulation on `n_seqs` fresh sequences.
 
     Pure: the data come from `seed`, the model's weights are not changed and
-    its gradients are cleared. `k` must divide `n_seqs`.
+    its gradients are cleared.
+
+    Args:
+        model: the GPT.
+        k: micro-batches per group; it must divide `n_seqs`.
+        spread: how much the sequence lengths vary, in [0, 1].
+        n_seqs: sequences in the group.
+        seed: seeds the data.
+
+    Returns:
+        The `TokenReport`: both loops compared with the full batch, and the tokens per micro-batch.
+
+    Raises:
+        ValueError: if `k` is not a positive int that divides `n_seqs`.
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1 or n_seqs % k:
         raise ValueError(f"k must be a positive int that divides n_seqs={n_seqs}, got {k!r}")
@@ -389,7 +497,17 @@ def token_weighting_report(
 def accumulation_report(
     model: GPT, micro_batch: int, k: int, spread: float, *, seed: int = 0
 ) -> TokenReport:
-    """`token_weighting_report` for K micro-batches of `micro_batch` sequences (B x K in all)."""
+    """`token_weighting_report` for K micro-batches of `micro_batch` sequences (B x K in all).
+
+    Args:
+        model: the GPT (its weights are not changed).
+        micro_batch, k: B and K.
+        spread: how much the sequence lengths vary, in [0, 1].
+        seed: seeds the data.
+
+    Returns:
+        The `TokenReport`.
+    """
     positive_int("micro_batch", micro_batch)
     positive_int("k", k)
     number_in_range("spread", spread, 0.0, 1.0)

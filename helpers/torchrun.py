@@ -51,7 +51,11 @@ def _results_dir() -> Path:
 
 
 def save_result(obj: object) -> None:
-    """In a worker script: hand `obj` back to `run_torchrun` (one result per rank)."""
+    """In a worker script: hand `obj` back to `run_torchrun` (one result per rank).
+
+    Args:
+        obj: anything `torch.save` can write; `run_torchrun` returns it at this rank's place.
+    """
     torch.save(obj, _results_dir() / f"rank{int(os.environ['RANK'])}.pt")
 
 
@@ -60,6 +64,9 @@ def run_main(main: Callable[[], object]) -> None:
 
     Also records the process id (so the parent can make sure it is gone) and
     exits if the launcher that started this process disappears.
+
+    Args:
+        main: the script's work, called with no arguments.
     """
     rank, out = int(os.environ.get("RANK", "0")), _results_dir()
     (out / f"rank{rank}.pid").write_text(str(os.getpid()))
@@ -86,12 +93,23 @@ def run_torchrun(script: str | os.PathLike, world_size: int, *script_args: str,
     """Run `script` under `python -m torch.distributed.run --nproc_per_node=world_size`.
 
     Rendezvous on 127.0.0.1 at a free port; `OMP_NUM_THREADS=1`; the repository
-    root on `PYTHONPATH` so the script can import `helpers`. The script calls
-    `save_result(obj)` on each rank (inside `run_main(main)`); the results come
-    back in rank order. The launcher's and workers' output goes to a log that is
-    attached to any error. Raises `WorkerError` (rank and message of the first
-    failure) when a worker raised, `TimeoutError` after `timeout_s`; in both cases
-    the launcher and every worker are gone when it returns.
+    root on `PYTHONPATH` so the script can import `helpers`. The launcher's and
+    workers' output goes to a log that is attached to any error. When it returns or
+    raises, the launcher and every worker are gone.
+
+    Args:
+        script: the worker script; it calls `save_result(obj)` on each rank (inside `run_main(main)`).
+        world_size: workers to start (>= 1).
+        *script_args: passed to the script on its command line.
+        timeout_s: the most seconds the whole run may take.
+
+    Returns:
+        Each rank's saved result, in rank order.
+
+    Raises:
+        ValueError: if `script` is not a file.
+        WorkerError: rank and message of the first failure, when a worker raised or a rank saved nothing.
+        TimeoutError: after `timeout_s`.
     """
     script = Path(script)
     if not script.is_file():

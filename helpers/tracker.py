@@ -81,11 +81,18 @@ KernelBuffers = Callable[[object, tuple, dict, object], int | tuple[int, int]]
 class MemoryTracker(OpObserver):
     """Track live tensor storages, by category, over a region of code.
 
-    Use it as a context manager. Pass `model` (and `optimizer`) so that their
-    existing state is counted and categorised; `device` limits counting to one
-    device type (default: the model's). Call `mark(label)` inside the region to
-    remember the current point; afterwards `timeline()` and `current_bytes`
-    give the result.
+    Use it as a context manager. Call `mark(label)` inside the region to remember the
+    current point; afterwards `timeline()` and `current_bytes` give the result.
+
+    Args:
+        model: its parameters, buffers and gradients are counted and categorised.
+        optimizer: its state is counted as "optimizer_state", its step as the optimizer phase.
+        device: count only storages of this device type (default: the model's; None
+            without a model counts every device).
+        kernel_buffers: says what an op allocates inside itself (see the module's note).
+
+    Raises:
+        ValueError: if `model` is not an `nn.Module` or `optimizer` not an optimizer.
     """
 
     def __init__(

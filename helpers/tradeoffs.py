@@ -80,8 +80,15 @@ def gradient_peak(model: nn.Module, step: Callable[[], object], *,
                   ) -> Timeline:
     """The tracker's timeline of `step()`, optionally with the optimizer moved into backward.
 
-    With `make_optimizer`, the per-parameter hooks are attached *inside* the tracker, after
-    its own gradient hooks, so it still sees every gradient before the update frees it.
+    Args:
+        model: the model the step trains.
+        step: a zero-argument callable.
+        make_optimizer: params -> optimizer; with it, the per-parameter hooks are attached
+            *inside* the tracker, after its own gradient hooks, so it still sees every
+            gradient before the update frees it.
+
+    Returns:
+        The `Timeline`.
     """
     callable_arg("step", step, "a zero-argument callable")
     with MemoryTracker(model=model) as tracker:
@@ -95,7 +102,16 @@ def gradient_peak(model: nn.Module, step: Callable[[], object], *,
 
 # -- chunked cross-entropy --------------------------------------------------------------------
 def full_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Token-mean cross-entropy of the LM head `hidden @ weight.T`: all logits at once."""
+    """Token-mean cross-entropy of the LM head `hidden @ weight.T`: all logits at once.
+
+    Args:
+        hidden: (tokens, d_model) final hidden states.
+        weight: (vocab, d_model) the LM head's weight.
+        targets: (tokens,) labels, `IGNORE_INDEX` at padding.
+
+    Returns:
+        The loss, a scalar tensor.
+    """
     return F.cross_entropy(F.linear(hidden, weight), targets, ignore_index=IGNORE_INDEX)
 
 
@@ -118,6 +134,9 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
         `checkpoint`, which keeps only the chunk's inputs: backward rebuilds one chunk's
         logits at a time. Forward and backward each hold one chunk of logits (plus their
         softmax) instead of all of them; the head's matmul runs twice.
+
+    Raises:
+        ValueError: for shapes other than (tokens, d_model) and (tokens,), or no valid token.
     """
     for name, t in (("hidden", hidden), ("weight", weight), ("targets", targets)):
         tensor_arg(name, t)
@@ -154,7 +173,14 @@ def offload_traffic(forward: Callable[[], torch.Tensor], *, parameters: tuple[to
     On a CPU the pack hook's `tensor.cpu()` returns the tensor itself: nothing moves, and
     `copied_bytes` is 0. `pin_memory=True` without CUDA makes a plain host copy of every
     saved tensor instead. On a GPU every packed byte crosses to the host and back.
-    `parameters` names storages to report separately (ops save their weights too).
+
+    Args:
+        forward: a zero-argument callable returning a tensor (its sum is back-propagated).
+        parameters: storages to report separately (ops save their weights too).
+        pin_memory: passed to `save_on_cpu`.
+
+    Returns:
+        The `Traffic`: tensors packed, their bytes, the parameters' part, bytes copied, unpacks.
     """
     callable_arg("forward", forward, "a zero-argument callable returning a tensor")
     bool_arg("pin_memory", pin_memory)
@@ -201,8 +227,17 @@ class CudaOffload:
 def cuda_offload_step(step: Callable[[], object], *, repeats: int = 3) -> CudaOffload:
     """Peak device memory (`max_memory_allocated`) and median step time, plain vs offloaded.
 
-    `step()` is one forward and backward on a CUDA device. Runs each variant once to warm up,
-    then `repeats` times, interleaved. Raises `RuntimeError` without CUDA.
+    Runs each variant once to warm up, then `repeats` times, interleaved.
+
+    Args:
+        step: one forward and backward on a CUDA device, a zero-argument callable.
+        repeats: timed runs of each variant.
+
+    Returns:
+        The `CudaOffload`: both peaks and both median times.
+
+    Raises:
+        RuntimeError: without CUDA.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("cuda_offload_step needs a CUDA GPU; this machine has none")

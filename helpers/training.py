@@ -26,11 +26,19 @@ STATE_PER_PARAM = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}  # parame
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy of `logits` (batch, seq, vocab) against `targets` (batch, seq).
+    """Cross-entropy of `logits` against `targets`, skipping positions labelled `IGNORE_INDEX`.
 
-    Positions labelled `IGNORE_INDEX` are skipped. `reduction="mean"` averages over
-    the valid tokens; `"sum"` adds them up (for token-weighted accumulation, lesson 05);
-    `"none"` returns one loss per position, flattened.
+    Args:
+        logits: (batch, seq, vocab) scores.
+        targets: (batch, seq) token ids.
+        reduction: "mean" averages over the valid tokens; "sum" adds them up (token-weighted
+            accumulation, lesson 05); "none" gives one loss per position, flattened.
+
+    Returns:
+        The loss: a scalar, or (batch * seq,) losses for "none".
+
+    Raises:
+        ValueError: if the shapes are not (batch, seq, vocab) and (batch, seq), or `reduction` is unknown.
     """
     tensor_arg("logits", logits)
     tensor_arg("targets", targets)
@@ -45,10 +53,16 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "me
 
 
 def make_optimizer(name: str, model: nn.Module, *, foreach: bool | None = None) -> torch.optim.Optimizer:
-    """The optimizer `name` (one of `OPTIMIZERS`) over `model`'s trainable parameters, lr 1e-3.
+    """The optimizer `name` over `model`'s trainable parameters, lr 1e-3.
 
-    `foreach=None` lets torch pick its implementation; `True` is CUDA's default multi-tensor
-    one (larger temporaries in the step), `False` the one-tensor-at-a-time loop.
+    Args:
+        name: one of `OPTIMIZERS`.
+        model: the model whose parameters with `requires_grad` it updates.
+        foreach: None lets torch pick its implementation; True is CUDA's default multi-tensor
+            one (larger temporaries in the step), False the one-tensor-at-a-time loop.
+
+    Returns:
+        A fresh `torch.optim.Optimizer` (no state yet).
     """
     choice("optimizer", name, OPTIMIZERS)
     instance_arg("model", model, nn.Module, "torch.nn.Module")
