@@ -41,18 +41,47 @@ class LessonModule(Protocol):
 
     `isinstance(module, LessonModule)` checks that the three functions exist; the exercise
     checkers, whose number and arguments differ per lesson, are found by `exercise_checkers`.
+    The docstrings here are the Args and Returns of every lesson's protocol functions, written
+    once; a lesson's own docstring says only what is particular to it. A checker
+    `check_exercise_N(answer, ...)` takes the learner's answer(s), as the exercise cell asks
+    for them, and returns its one line (see `verdict`).
     """
 
     def lesson_sizes(self, scale: str) -> object:
-        """The lesson's sizes at `scale`, as the lesson's own frozen dataclass."""
+        """The lesson's sizes at `scale`.
+
+        Args:
+            scale: "tiny", "small", "medium" or "full".
+
+        Returns:
+            The lesson's own frozen dataclass of sizes.
+
+        Raises:
+            ValueError: for another scale.
+        """
         ...
 
     def predicted_peak_bytes(self, scale: str) -> int:
-        """Predicted peak bytes of the lesson's largest experiment at `scale`."""
+        """Predicted peak bytes of the lesson's largest experiment at `scale` (nothing is allocated).
+
+        Args:
+            scale: "tiny", "small", "medium" or "full".
+
+        Returns:
+            The bytes, from formulas or the meta device.
+        """
         ...
 
     def widget_latency_cases(self, scale: str, device: torch.device) -> dict[str, Callable[[], object]]:
-        """One zero-argument callable per widget control move."""
+        """One zero-argument callable per widget control move, each doing that move's full work.
+
+        Args:
+            scale: the lesson's scale.
+            device: where the widgets' models run.
+
+        Returns:
+            {move: callable}.
+        """
         ...
 
 

@@ -103,7 +103,11 @@ def budget_row(
 
 
 def explainer_table() -> list[BudgetRow]:
-    """The explainer's three rows, rebuilt from `EXPLAINER_INPUTS`."""
+    """The explainer's three rows, rebuilt from `EXPLAINER_INPUTS`.
+
+    Returns:
+        `BudgetRow`s for 8 x 4, 4 x 8 and 4 x 8 checkpointed.
+    """
     acts = EXPLAINER_INPUTS["activations_gb"]
     ckpt = EXPLAINER_INPUTS["checkpointed_activations_gb"]
     return [
@@ -120,6 +124,12 @@ def drawn_budget(tightest_peak_bytes: float) -> float:
     the measured 8 x 4 peak by the same 24 / 23.5 gives a budget that stands to
     the measured rows as 24 GB stands to the explainer's rows at their tightest.
     It is a budget, not a measured capacity.
+
+    Args:
+        tightest_peak_bytes: the measured 8 x 4 peak.
+
+    Returns:
+        The budget in bytes.
     """
     positive_number("tightest_peak_bytes", tightest_peak_bytes)
     tightest = explainer_table()[0]
@@ -166,9 +176,15 @@ def predicted_peak_bytes(scale: str) -> int:
 def show_update(model: GPT, micro_batch: int, steps: int, optimizer: str, budget: float | None) -> None:
     """Lesson 01's widget: the measured peak of one update of `steps` micro-batches, as a bar.
 
-    Prints the effective batch B x K and whether the peak fits `budget` (bytes,
-    drawn as a line; None draws none). Measures with `max_micro_steps=2`: the peak
-    of K micro-steps is the peak of the first two (lesson 01 checks this).
+    Prints the effective batch B x K and whether the peak fits `budget`. Measures with
+    `max_micro_steps=2`: the peak of K micro-steps is the peak of the first two (lesson 01
+    checks this).
+
+    Args:
+        model: the lesson's GPT.
+        micro_batch, steps: B and K.
+        optimizer: a name in `OPTIMIZERS`.
+        budget: bytes, drawn as a line; None draws none.
     """
     positive_int("micro_batch", micro_batch)
     positive_int("steps", steps)
@@ -193,7 +209,15 @@ def show_update(model: GPT, micro_batch: int, steps: int, optimizer: str, budget
 
 
 def plot_peak_vs_steps(results: dict[int, StepMemory], micro_batch: int) -> None:
-    """Measured peak (bars) and effective batch (line) against the number of accumulation steps."""
+    """Measured peak (bars) and effective batch (line) against the number of accumulation steps; shown.
+
+    Args:
+        results: {K: the update's `StepMemory`}.
+        micro_batch: B, the same for every K.
+
+    Raises:
+        ValueError: if `results` is empty.
+    """
     if not results:
         raise ValueError("results is empty: measure at least one step count")
     ks = sorted(results)
@@ -220,9 +244,13 @@ def plot_peak_vs_steps(results: dict[int, StepMemory], micro_batch: int) -> None
 
 
 def plot_saved_by_origin(tables: dict[str, dict[tuple[str, str], int]]) -> None:
-    """Horizontal bars: saved bytes per op group for each run ({run label: saved_tensor_bytes table}).
+    """Horizontal bars of saved bytes per op group for each run, each labelled with its dtype(s); shown.
 
-    Each bar is labelled with the dtype(s) of what it counts.
+    Args:
+        tables: {run label: its `saved_tensor_bytes` table}.
+
+    Raises:
+        ValueError: if `tables` is empty.
     """
     if not tables:
         raise ValueError("tables is empty: give at least one {run label: saved_tensor_bytes(...)}")

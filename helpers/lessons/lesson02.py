@@ -47,24 +47,52 @@ __all__ = [
 
 
 def block_shape(scale: str) -> tuple[int, int, int, int]:
-    """(b, s, h, a) of the single block in section 1: micro-batch, sequence, hidden, heads."""
+    """The single block of section 1.
+
+    Args:
+        scale: "tiny", "small", "medium" or "full".
+
+    Returns:
+        (b, s, h, a): micro-batch, sequence, hidden, heads.
+    """
     return by_scale(scale, tiny=(4, 32, 32, 2), small=(8, 64, 64, 4), medium=(4, 1024, 512, 8),
                     full=(8, 1024, 1024, 16))
 
 
 def selective_shape(scale: str) -> tuple[int, int, int, int]:
-    """(b, s, h, a) of the block that tests Korthikanti's selective recomputation (a*s/h = 16)."""
+    """The block that tests Korthikanti's selective recomputation (a*s/h = 16).
+
+    Args:
+        scale: "tiny", "small", "medium" or "full".
+
+    Returns:
+        (b, s, h, a): micro-batch, sequence, hidden, heads.
+    """
     return by_scale(scale, tiny=(2, 64, 16, 4), small=(4, 256, 64, 4), medium=(2, 1024, 512, 8),
                     full=(4, 1024, 1024, 16))
 
 
 def chain_shape(scale: str) -> tuple[int, int]:
-    """(width, batch) of the layer chains in the sqrt(n) section."""
+    """The layer chains of the sqrt(n) section.
+
+    Args:
+        scale: "tiny", "small", "medium" or "full".
+
+    Returns:
+        (width, batch).
+    """
     return by_scale(scale, tiny=(32, 16), small=(128, 64), medium=(1024, 512), full=(1024, 1024))
 
 
 def widget_max_micro_batch(scale: str) -> int:
-    """The largest micro-batch the widget's slider offers at `scale`."""
+    """The largest micro-batch the widget's slider offers.
+
+    Args:
+        scale: "tiny", "small", "medium" or "full".
+
+    Returns:
+        That micro-batch.
+    """
     return by_scale(scale, tiny=8, small=16, medium=8, full=8)
 
 
@@ -165,6 +193,11 @@ class TradeOffLab:
       (the notebook asserts this once against a full K-step update);
     - FLOPs and time of one micro-step, with and without checkpointing, cached per B;
       per update they are K times that (the notebook asserts it for FLOPs).
+
+    Args:
+        model: the GPT measured.
+        repeats: timed runs of each micro-step.
+        optimizer: a name in `OPTIMIZERS`.
     """
 
     def __init__(self, model: GPT, *, repeats: int = 3, optimizer: str = "adam") -> None:

@@ -91,8 +91,13 @@ def scatter_grads(ax: Axes, reference: torch.Tensor, candidate: torch.Tensor, *,
                   title: str = "", max_points: int = 4000) -> None:
     """Scatter candidate against reference gradient entries, with the lines y = x and y = Kx.
 
-    Plots at most `max_points` entries, picked with a fixed seed, so that big
-    models still draw in a fraction of a second.
+    Args:
+        ax: the axes.
+        reference, candidate: flat gradients of the same shape.
+        steps: K, the slope of the second line.
+        title: the axes title.
+        max_points: the most entries drawn, picked with a fixed seed, so that big models
+            still draw in a fraction of a second.
     """
     n = reference.numel()
     pick = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:max_points]
@@ -115,6 +120,10 @@ def show_gradient_error(micro_batch: int = 8, steps: int = 4, scale: bool = True
     """Widget: plot accumulated against full-batch gradient entries and print the errors.
 
     A thin wrapper around `gradient_error` (which tests call directly).
+
+    Args:
+        micro_batch, steps: B and K.
+        scale: divide each micro-batch's loss by K.
     """
     from helpers.plots import figure, show
 
@@ -185,9 +194,21 @@ def throughput_sweep(
 
     Timed by `helpers.costs.interleaved_times`: every size runs once to warm up; then
     `rounds` rounds each time every size once, interleaved, so that a slow spell of a
-    shared machine hits all sizes alike. Reports `Timing.per_second`: the median and
-    the range (slowest to fastest round). An out-of-memory size is None. Timings are
-    for showing, never for asserting.
+    shared machine hits all sizes alike. Timings are for showing, never for asserting.
+
+    Args:
+        model: the model.
+        loss_fn: `loss_fn(model(x), y)` -> a mean loss.
+        inputs, targets: the effective batch.
+        micro_batches: the sizes to time (each 1 to the batch).
+        rounds: timed rounds.
+
+    Returns:
+        {size: `Timing.per_second` (the median and the range, slowest to fastest round), or
+        None for an out-of-memory size}.
+
+    Raises:
+        ValueError: if `micro_batches` is empty.
     """
     n = check_batch(inputs, targets)
     positive_int("rounds", rounds)
@@ -280,9 +301,18 @@ def show_micro_step_memory(
 ) -> dict[str, MicroStepMemory]:
     """Widget: live memory after each micro-step of each loop, for B = `micro_batch` and K = `steps`.
 
-    `model` is a `GPT`; each loop is called as `loop(batches, mark)` (the
-    lesson's teaching loops). Memory is drawn in units of one micro-batch's
-    saved activations. A loop that runs out of GPU memory is shown as OOM.
+    Memory is drawn in units of one micro-batch's saved activations. A loop that runs out
+    of GPU memory is shown as OOM.
+
+    Args:
+        model: a `GPT`.
+        loops: {name: loop}; each is called as `loop(batches, mark)` (the lesson's teaching loops).
+        loss_fn: the loss the unit is measured with.
+        micro_batch, steps: B and K.
+        seed: seeds the token batches.
+
+    Returns:
+        {name: `MicroStepMemory`} of the loops that fit.
     """
     from helpers.data import token_batch
     from helpers.plots import figure, format_bytes, show

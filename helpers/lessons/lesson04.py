@@ -22,7 +22,13 @@ __all__ = [
 
 
 def plot_error_curves(ax: Axes, curves: dict[str, dict[int, float]], *, batch: int) -> None:
-    """Log-log plot of {label: {micro_batch: L2 relative error}}; zeros are drawn at 1e-9."""
+    """Log-log plot of gradient error against micro-batch size; zeros are drawn at 1e-9.
+
+    Args:
+        ax: the axes.
+        curves: {label: {micro_batch: L2 relative error}}.
+        batch: the full batch, marked with a dotted line.
+    """
     from helpers.plots import plain_ticks
 
     styles = [("o", "-"), ("s", "-"), ("^", "--"), ("D", "-."), ("v", ":")]
@@ -42,7 +48,13 @@ def plot_error_curves(ax: Axes, curves: dict[str, dict[int, float]], *, batch: i
 
 
 def plot_lr_schedules(ax: Axes, schedules: dict[str, Schedule], *, title: str = "") -> None:
-    """LR against examples seen, one line per schedule, with the warmup end marked."""
+    """LR against examples seen, one line per schedule, with the warmup end marked.
+
+    Args:
+        ax: the axes.
+        schedules: {label: `Schedule`}.
+        title: the axes title.
+    """
     for (label, s), color in zip(schedules.items(), ("#4C72B0", "#DD8452", "#55A868"),
                                  strict=False):
         ax.plot(s.examples, s.lrs, label=label, color=color)
@@ -137,9 +149,14 @@ def show_bn_error(micro_batch: int = 4, accum_steps: int = 4, norm: str = "batch
                   device: torch.device | str = "cpu") -> None:
     """Widget: the L2 relative gradient error for B and K, against other splits of the same batch.
 
-    Prints the effective batch B x K and the error, and draws error against the
-    number of accumulation steps at that effective batch (`bn_error_by_steps`
-    gives the numbers).
+    Prints the effective batch B x K and the error, and draws error against the number of
+    accumulation steps at that effective batch (`bn_error_by_steps` gives the numbers).
+
+    Args:
+        micro_batch, accum_steps: B and K.
+        norm: the ConvNet's norm ("batch", "group", "layer" or "none").
+        width, depth, size: the ConvNet's width and depth and the images' side.
+        device: where it runs.
     """
     from helpers.plots import figure, plain_ticks, show
 
@@ -170,7 +187,12 @@ def show_bn_error(micro_batch: int = 4, accum_steps: int = 4, norm: str = "batch
 
 def show_schedule(accum_steps: int = 4, *, micro_batch: int = 8, updates: int = 24,
                   warmup: int = 8) -> None:
-    """Widget: the LR per update with the scheduler stepped per update and per micro-step."""
+    """Widget: the LR per update with the scheduler stepped per update and per micro-step.
+
+    Args:
+        accum_steps: K.
+        micro_batch, updates, warmup: passed to `lr_schedule`.
+    """
     from helpers.plots import figure, show
 
     kw = dict(micro_batch=micro_batch, updates=updates, warmup=warmup)

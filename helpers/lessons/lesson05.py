@@ -121,8 +121,16 @@ def draw_errors(ax: Axes, xs: Sequence[float], errors: dict[str, Sequence[float]
                 floor: float = ERROR_FLOOR) -> None:
     """Plot gradient errors on a log axis; exact zeros sit at `floor` with a hollow marker.
 
-    `errors` maps a label to one error per x (naive first, then fixed). The floor
-    and the 1e-5 tolerance are drawn and named in the legend.
+    The floor and the 1e-5 tolerance are drawn and named in the legend.
+
+    Args:
+        ax: the axes.
+        xs: the x values.
+        errors: {label: one error per x} (naive first, then fixed).
+        floor: where an exact zero is drawn, in (0, 1e-5).
+
+    Raises:
+        ValueError: for more series than `RUN_COLORS`.
     """
     number_in_range("floor", floor, 0.0, TOLERANCE, low_open=True, high_open=True)
     if len(errors) > len(RUN_COLORS):
@@ -180,6 +188,15 @@ def show_token_report(
     """The widget's work: measure one (B, K, spread), print the numbers and draw them.
 
     Pure (see `token_weighting_report`); the figure is shown and closed.
+
+    Args:
+        model: the lesson's tiny LM.
+        micro_batch, k: B and K.
+        spread: how much the sequence lengths vary, in [0, 1].
+        seed: seeds the data.
+
+    Returns:
+        The `TokenReport`.
     """
     r = accumulation_report(model, micro_batch, k, spread, seed=seed)
     n = sum(r.tokens_per_micro_batch)
@@ -193,7 +210,18 @@ def show_token_report(
 
 
 def weight_distance(model: nn.Module, reference: nn.Module) -> float:
-    """||w - w_ref|| / ||w_ref|| over all parameters (float64): how far two runs have drifted."""
+    """How far two runs have drifted: ||w - w_ref|| / ||w_ref|| over all parameters (float64).
+
+    Args:
+        model: one run's model.
+        reference: the reference run's model, of the same size.
+
+    Returns:
+        The relative distance.
+
+    Raises:
+        ValueError: if the models differ in size.
+    """
     w = torch.cat([p.detach().double().flatten().cpu() for p in model.parameters()])
     ref = torch.cat([p.detach().double().flatten().cpu() for p in reference.parameters()])
     if w.shape != ref.shape:
@@ -205,8 +233,15 @@ def plot_training_curves(logged: dict[str, Sequence[float]],
                          drift: dict[str, Sequence[float]]) -> Figure:
     """Logged loss per update (left) and weight distance from the first run (right, log axis).
 
-    `logged` maps a run's name to its logged losses, the reference run first;
-    `drift` maps the other runs to their `weight_distance` after each update.
+    Args:
+        logged: {run: its logged losses}, the reference run first.
+        drift: {other run: its `weight_distance` after each update}.
+
+    Returns:
+        The figure (not shown).
+
+    Raises:
+        ValueError: if either is empty, or holds more runs than there are colours.
     """
     if not logged or not drift:
         raise ValueError("give at least one run in logged and one in drift")

@@ -60,6 +60,14 @@ def lesson_model(scale: str, device: torch.device | str, seed: int = 0) -> GPT:
     """A freshly initialised `lesson_config(scale)` GPT on `device`, in train mode.
 
     It is built under `torch.random.fork_rng`, so the global RNG is left as it was.
+
+    Args:
+        scale: "tiny", "small", "medium" or "full".
+        device: where it goes.
+        seed: the seed of its weights.
+
+    Returns:
+        The `GPT`.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -80,7 +88,13 @@ class PlannerLab:
     `show(budget_bytes, micro_batch, accumulation_steps, checkpointed)` is what one
     slider move runs. It measures that configuration (an update of min(K, 2)
     micro-steps: the peak is the same for any K >= 2), predicts it, asks the planner for
-    the effective batch B x K, prints the answer and draws the bar.
+    the effective batch B x K, prints the answer and draws the bar. `build(scale, device)`
+    makes one.
+
+    Args:
+        model: the lesson's GPT.
+        plain, checkpointed: the profiles fitted without and with checkpointing.
+        measurers: {checkpointed: its `UpdateMeasurer`}.
     """
 
     model: GPT
@@ -158,9 +172,13 @@ class PlannerLab:
 
 
 def draw_decision_diagram(path: str | None = None) -> object:
-    """Draw the decision procedure as a flowchart; save it to `path` (PNG) when given.
+    """Draw the decision procedure as a flowchart.
 
-    Returns the matplotlib figure (show it with `helpers.plots.show`).
+    Args:
+        path: save it there as a PNG when given.
+
+    Returns:
+        The matplotlib figure (show it with `helpers.plots.show`).
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch

@@ -125,7 +125,12 @@ def draw_report(report: DataParallelReport) -> object:
 
 def show_data_parallel(micro_batch: int = 4, accumulation_steps: int = 4, world_size: int = 2,
                        *, width: int = 64) -> None:
-    """The widget's work: measure with `data_parallel_report` on the shared pool, print and draw it."""
+    """The widget's work: measure with `data_parallel_report` on the shared pool, print and draw it.
+
+    Args:
+        micro_batch, accumulation_steps, world_size: B, K and W.
+        width: the lesson model's width.
+    """
     from helpers import plots
 
     report = data_parallel_report(micro_batch, accumulation_steps, world_size, width=width)
@@ -156,9 +161,15 @@ def no_sync_kind(calls: int, spread: float, max_rel: float, tolerance: float = 1
 def draw_no_sync_bars(rows: dict[str, dict[str, object]], steps: int) -> object:
     """All-reduces per update for each way of writing the micro-step, coloured by what was measured.
 
-    `rows` maps a mode to {"calls", "spread", "max_rel", ...} (lesson 07 §4); `steps` is K. A loop
-    whose ranks disagree is red and hatched, whatever its count, so the buggy one-all-reduce bar
-    never reads like the right one.
+    A loop whose ranks disagree is red and hatched, whatever its count, so the buggy
+    one-all-reduce bar never reads like the right one.
+
+    Args:
+        rows: {mode: {"calls", "spread", "max_rel", ...}} (lesson 07 §4).
+        steps: K.
+
+    Returns:
+        The figure (not shown).
     """
     from matplotlib.patches import Patch
 
@@ -190,9 +201,17 @@ def draw_fsdp_memory(state: dict[str, int], persistent: dict[str, int], peak: FS
                      held: dict[str, list[int]], world_size: int) -> object:
     """Left: per rank, DDP's state, FSDP's persistent state and FSDP's peak, with the 1/W line.
 
-    Right: gradient bytes kept after each micro-step, with sync every micro-step and with sync off
-    (`held`: {"sync_every_step": [...], "sync_off": [...]}). `state` and `persistent` are bytes by
-    category (parameters, gradients, optimizer_state); `peak` is rank 0's `fsdp_step_memory`.
+    Right: gradient bytes kept after each micro-step, with sync every micro-step and with sync off.
+
+    Args:
+        state, persistent: bytes by category (parameters, gradients, optimizer_state), under
+            DDP and under FSDP.
+        peak: rank 0's `fsdp_step_memory`.
+        held: {"sync_every_step": [...], "sync_off": [...]} gradient bytes after each micro-step.
+        world_size: W.
+
+    Returns:
+        The figure (not shown).
     """
     from helpers import plots
 

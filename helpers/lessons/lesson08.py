@@ -33,7 +33,14 @@ def _val(ledger: Ledger, claim_id: str) -> float:
 
 
 def followup_answers(ledger: Ledger) -> dict[str, str]:
-    """The explainer's three follow-up questions, answered with numbers from `ledger`."""
+    """The explainer's three follow-up questions, answered with numbers from `ledger`.
+
+    Args:
+        ledger: from `helpers.review.run_ledger`.
+
+    Returns:
+        {question: answer}.
+    """
     return {
         "Is accumulation exactly a bigger batch?": (
             f"The gradient is the same: loss/K matched the full batch to {_val(ledger, 'C13'):.1e} (C13). "
@@ -69,6 +76,12 @@ def interview_answer(ledger: Ledger) -> str:
 
     The numbers are lesson 02's model (C09, C11) and the fast lab's accumulation check (C24): the
     lessons' own typical cases, not an extreme one.
+
+    Args:
+        ledger: from `helpers.review.run_ledger`.
+
+    Returns:
+        The answer.
     """
     share = ledger.row("C11").figure("extra_share_of_step")
     return (f"Checkpointing recomputes activations: {_val(ledger, 'C09'):.1f}x less saved memory for about "
@@ -77,12 +90,26 @@ def interview_answer(ledger: Ledger) -> str:
 
 
 def word_count(text: str) -> int:
-    """Words of `text`, split on whitespace (how the 30-word budget is counted)."""
+    """Words of `text`, split on whitespace (how the 30-word budget is counted).
+
+    Args:
+        text: the text.
+
+    Returns:
+        The count.
+    """
     return len(text.split())
 
 
 def cheat_sheet_numbers(ledger: Ledger) -> list[tuple[str, str, str]]:
-    """The cheat sheet's measured numbers: (what, measured here, claim id) rows, from `ledger`."""
+    """The cheat sheet's measured numbers.
+
+    Args:
+        ledger: from `helpers.review.run_ledger`.
+
+    Returns:
+        (what, measured here, claim id) rows.
+    """
     c24 = ledger.row("C24")
     return [
         ("checkpointing: activations saved for backward", f"{_val(ledger, 'C09'):.1f}x fewer bytes", "C09"),
@@ -240,8 +267,13 @@ def quiz_widget() -> object:
 
 
 def show_quiz() -> object:
-    """Display `quiz_widget()` with a plain-text fallback, so a saved notebook shows a sentence, not
-    the widget's repr; the questions themselves are the static `quiz_markdown` cell above it."""
+    """Display `quiz_widget()` with a plain-text fallback, so a saved notebook shows a sentence.
+
+    The questions themselves are the static `quiz_markdown` cell above it.
+
+    Returns:
+        The widget.
+    """
     from IPython.display import display
 
     from helpers.display import widget_bundle
@@ -291,7 +323,12 @@ def accumulation_check(micro_batch: int, steps: int, lab: Lab) -> tuple[acc.Grad
 
 
 def explore_accumulation(micro_batch: int, steps: int, lab: Lab | None = None) -> None:
-    """Lesson 08's widget: re-check C13 and C14 at micro-batch size B and K steps, and draw them."""
+    """Lesson 08's widget: re-check C13 and C14 at micro-batch size B and K steps, and draw them.
+
+    Args:
+        micro_batch, steps: B and K.
+        lab: the ledger's models (default: a new `Lab` on this device).
+    """
     from helpers import plots
 
     scaled, raw = accumulation_check(micro_batch, steps, lab or Lab(pick_device()))

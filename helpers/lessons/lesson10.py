@@ -100,33 +100,71 @@ def lesson_sizes(scale: str) -> Sizes:
 
 
 def gpt_config(sizes: Sizes) -> GPTConfig:
-    """The lessons' GPT at these sizes: dropout 0, attention written out (lesson 02's model)."""
+    """The lessons' GPT at these sizes: dropout 0, attention written out (lesson 02's model).
+
+    Args:
+        sizes: the lesson's `Sizes`.
+
+    Returns:
+        The `GPTConfig`.
+    """
     return GPTConfig(vocab_size=sizes.vocab, seq_len=sizes.seq_len, d_model=sizes.d_model,
                      n_heads=sizes.heads, n_layers=sizes.layers, dropout=0.0)
 
 
 def token_gpt_config(sizes: Sizes) -> GPTConfig:
-    """The lessons' GPT sized like the Transformers models (`lm`), for lesson 05's sequences."""
+    """The lessons' GPT sized like the Transformers models (`lm`), for lesson 05's sequences.
+
+    Args:
+        sizes: the lesson's `Sizes`.
+
+    Returns:
+        The `GPTConfig`.
+    """
     lm = sizes.lm
     return GPTConfig(vocab_size=lm["vocab_size"], seq_len=lm["max_len"], d_model=lm["hidden"],
                      n_heads=lm["heads"], n_layers=lm["layers"], dropout=0.0)
 
 
 def lm_samples(sizes: Sizes, n: int, *, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`n` of lesson 05's variable-length sequences (lengths 25-100% of `lm["max_len"]`)."""
+    """`n` of lesson 05's variable-length sequences (lengths 25-100% of `lm["max_len"]`).
+
+    Args:
+        sizes: the lesson's `Sizes`.
+        n: sequences.
+        seed: seeds them.
+
+    Returns:
+        (input ids, labels) pairs.
+    """
     return variable_length_sequences(positive_int("n", n), sizes.lm["max_len"], sizes.lm["vocab_size"],
                                      spread=SPREAD, seed=seed)
 
 
 def warmup(steps: int) -> Callable[[int], float]:
-    """A linear warmup over `steps` updates, as a `LambdaLR` factor: (u + 1) / steps, then 1."""
+    """A linear warmup over `steps` updates, as a `LambdaLR` factor: (u + 1) / steps, then 1.
+
+    Args:
+        steps: warmup updates (>= 1).
+
+    Returns:
+        update -> factor.
+    """
     positive_int("steps", steps)
     return lambda u: min(1.0, (u + 1) / steps)
 
 
 # -- text and figures --------------------------------------------------------------------------
 def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
-    """A plain-text table that reads in a saved notebook: columns padded to their widest cell."""
+    """A plain-text table that reads in a saved notebook: columns padded to their widest cell.
+
+    Args:
+        rows: the rows' cells.
+        header: the column names.
+
+    Returns:
+        The table's text.
+    """
     cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
@@ -135,7 +173,11 @@ def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
 
 
 def framework_table() -> str:
-    """Each framework's installed version and the seconds its import took in this kernel."""
+    """Each framework's installed version and the seconds its import took in this kernel.
+
+    Returns:
+        The plain-text table.
+    """
     rows = []
     for name, version in frameworks.versions().items():
         seconds = frameworks.IMPORT_SECONDS.get(name)
@@ -146,7 +188,17 @@ def framework_table() -> str:
 
 def plot_pareto(curve: Sequence[compiled.RecomputePoint], others: Sequence[compiled.RecomputePoint],
                 *, highlight: compiled.RecomputePoint | None = None, title: str = "") -> object:
-    """Saved activation bytes against recompute FLOPs: the compiled budgets and eager policies."""
+    """Saved activation bytes against recompute FLOPs: the compiled budgets and eager policies.
+
+    Args:
+        curve: the compiled points, one per budget, joined by a line.
+        others: other points (the eager policies), one marker each.
+        highlight: a point to ring.
+        title: the axes title.
+
+    Returns:
+        The figure (not shown).
+    """
     fig, (ax,) = plots.figure(width=7.6, height=4.2)
     unit, size = plots.byte_unit(max(p.saved_bytes for p in [*curve, *others]))
     ax.plot([p.recompute_flops / 1e6 for p in curve], [p.saved_bytes / size for p in curve],
@@ -223,7 +275,13 @@ class _GradientProbe(torch.optim.Optimizer):
 
 def show_accumulate(micro_batch: int = 4, steps: int = 4, *, scale: str = "small",
                     device: torch.device | str = "cpu") -> None:
-    """Widget 1: print the sync pattern and both gradient errors for B and K (needs Accelerate)."""
+    """Widget 1: print the sync pattern and both gradient errors for B and K (needs Accelerate).
+
+    Args:
+        micro_batch, steps: B and K.
+        scale: the lesson's scale.
+        device: where it runs.
+    """
     if frameworks.missing("accelerate"):
         print(f"Accelerate is not installed: {frameworks.install_hint(['accelerate'])}")
         return
@@ -240,7 +298,14 @@ def show_accumulate(micro_batch: int = 4, steps: int = 4, *, scale: str = "small
 class BudgetExplorer:
     """The compiled blocks at a micro-batch size and budget, drawn on the lesson's measured curve.
 
-    Each (B, budget) is compiled and measured once (about a second on a CPU), then cached.
+    Each (B, budget) is compiled and measured once (about a second on a CPU), then cached;
+    `show(micro_batch, budget)` is widget 2.
+
+    Args:
+        sizes: the lesson's `Sizes`.
+        device: where the blocks run.
+        curve: section 5's measured points (they fill the cache).
+        others: the eager policies' points, drawn beside the curve.
     """
 
     def __init__(self, sizes: Sizes, device: torch.device, curve: Sequence[compiled.RecomputePoint],
