@@ -31,6 +31,7 @@ TESTS = {
     "helpers/timeline.py": "tests/test_tracker.py tests/test_memory.py",
     "helpers/accumulation.py": "tests/test_accumulation.py",
     "helpers/tokens.py": "tests/test_tokens.py",
+    "helpers/token_loss.py": "tests/test_tokens.py",
     "helpers/checkpointing.py": "tests/test_checkpointing.py tests/test_saved_tensors.py",
     "helpers/planner.py": "tests/test_planner.py",
     "helpers/memory_profile.py": "tests/test_planner.py tests/test_profiler_independent.py",
