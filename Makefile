@@ -16,10 +16,11 @@ NBVAL   := --nbval-lax --nbval-current-env --nbval-cell-timeout=600
 # whole (--dist loadfile: one kernel per notebook, its cells in order). JOBS=0 runs serially.
 JOBS    ?= 2
 XDIST   := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
+GROUPS  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 HEADLESS := MPLBACKEND=Agg OMP_NUM_THREADS=1
 PYTEST  := $(HEADLESS) $(VENV)/bin/pytest -q -p no:cacheprovider
-# Lesson 07's worker pools fork the imported torch in the unit tests and the tiny notebooks (seconds
-# saved per pool); learners, and the notebooks at the CPU scale, get spawned ones.
+# Lesson 07's worker pools fork the imported torch in the tiny notebooks, as in the unit tests
+# (seconds saved per pool); learners, and the notebooks at the CPU scale, get spawned ones.
 FORK    := LESSONS_POOL_START=fork
 TINY    := LESSONS_SCALE=tiny $(FORK)
 # Jupyter refuses to start as root (containers, Colab-like VMs) unless told it is fine.
@@ -33,10 +34,9 @@ KIT_PY  ?= 3.12
 .PHONY: setup lab check test lint unit notebooks notebooks-tiny browser colab bench gpu gpu-kit \
 	test-matrix test-matrix-floor test-matrix-newest env-check mutate clean
 
-$(VENV)/.installed: pyproject.toml constraints/cpu.txt
+$(VENV)/.installed: pyproject.toml constraints/cpu.txt scripts/install.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+	$(PY) scripts/install.py $(PY) $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	touch $@
 
 setup: $(VENV)/.installed  ## create .venv and install the package with its test tools and JupyterLab
@@ -45,19 +45,23 @@ lab: setup  ## open JupyterLab on the lessons
 	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/
 
 # The two tiers. Every test is in exactly one of: the unit tier (-m 'not browser and not slow'),
-# `browser` or `slow` (tests/conftest.py refuses a test marked both); `test` runs all three. Its last
-# session runs the browser test beside the slow ones (the Colab venv's install waits on the disk,
-# the browser on the CPU), one per xdist worker.
-check: lint unit notebooks-tiny  ## everyday (about a minute): ruff, unit tests, every notebook at tiny
+# `browser` or `slow` (tests/conftest.py refuses a test marked both); `test` runs all three. Each tier
+# runs its unit tests and its notebooks in one pytest session, so the two workers share out the work.
+# The unit tests' worker pools fork (tests/conftest.py). The last session of `test` runs the browser
+# test in two halves, one JupyterLab each, beside the slow tests (the Colab simulation, the widgets'
+# hang guards), one group per xdist worker.
+check: lint  ## everyday (about three minutes on 2 cores): ruff, unit tests, every notebook at tiny
+	$(TINY) LESSONS_STRICT=1 $(PYTEST) $(XDIST) $(NBVAL) -m 'not browser and not slow' tests notebooks/
 
-test: lint unit notebooks  ## everything, as CI runs it: check + notebooks at CPU scale, browser, Colab, widgets
-	$(PYTEST) $(XDIST) -m 'browser or slow' tests
+test: lint  ## everything, as CI runs it: unit tests, notebooks at CPU scale, browser, Colab, widgets
+	LESSONS_STRICT=1 $(PYTEST) $(XDIST) $(NBVAL) -m 'not browser and not slow' tests notebooks/
+	$(PYTEST) $(GROUPS) -m 'browser or slow' tests
 
 lint: setup  ## ruff over the code and the notebooks
 	$(VENV)/bin/ruff check .
 
 unit: setup  ## the unit tests that need no browser and no fresh environment
-	$(FORK) $(PYTEST) $(XDIST) -m 'not browser and not slow' tests
+	$(PYTEST) $(XDIST) -m 'not browser and not slow' tests
 
 notebooks: setup  ## every notebook under nbval at the CPU scale, where the claims are checked
 	$(HEADLESS) LESSONS_STRICT=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(XDIST) $(NBVAL) notebooks/

@@ -1,9 +1,10 @@
 """Shared test fixtures: a fixed seed for every test, a deadline for distributed tests, the cuda skip,
-the tiers' marker rule, the CUDA allocator's block size, worker pools (real and fake) and an
-optimizer-state count."""
+the tiers' marker rule, forked worker pools, the CUDA allocator's block size, worker pools (real and
+fake) and an optimizer-state count."""
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable, Iterator
 
@@ -16,6 +17,21 @@ from helpers.device import seed_everything
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     seed_everything(0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forked_pools() -> Iterator[None]:
+    """Worker pools in these tests fork the imported torch (seconds saved per pool) unless
+    LESSONS_POOL_START says otherwise. Only while a test module runs: notebooks that `make check`
+    and `make test` run in the same session keep what the environment says (spawned pools)."""
+    from helpers.launcher import POOL_START_ENV
+
+    unset = POOL_START_ENV not in os.environ
+    if unset:
+        os.environ[POOL_START_ENV] = "fork"
+    yield
+    if unset:
+        os.environ.pop(POOL_START_ENV, None)
 
 
 DEADLINE_S = 240  # a test that starts worker processes must never hang CI

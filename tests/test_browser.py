@@ -350,6 +350,13 @@ def _lesson(runs: dict[str, LessonRun], path: Path) -> LessonRun:
     return run
 
 
+# `make test` runs the lessons in two halves, each in its own JupyterLab on its own xdist worker
+# (--dist loadgroup): even-numbered lessons in one, odd in the other.
+def _halves(paths: list[Path]) -> list[object]:
+    return [pytest.param(p, marks=pytest.mark.xdist_group(f"browser-{int(p.name[:2]) % 2}"), id=p.stem[:2])
+            for p in paths]
+
+
 # Lesson 00 ("start here") reads and decides: it has no B and K widgets to drive.
 LESSONS_WITH_WIDGETS = [p for p in NOTEBOOKS if not p.name.startswith("00_")]
 
@@ -360,7 +367,7 @@ def test_lessons_are_numbered_without_gaps() -> None:
     assert numbers == list(range(first, first + len(numbers))), f"lessons 00/01..NN expected, found {numbers}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
+@pytest.mark.parametrize("path", _halves(NOTEBOOKS))
 def test_lesson_runs_clean(runs: dict[str, LessonRun], path: Path) -> None:
     run = _lesson(runs, path)
     assert run.code_cells > 0
@@ -368,14 +375,14 @@ def test_lesson_runs_clean(runs: dict[str, LessonRun], path: Path) -> None:
     assert not run.unexecuted, f"{path.name}: Run All left code cells {run.unexecuted} unexecuted"
 
 
-@pytest.mark.parametrize("path", LESSONS_WITH_WIDGETS, ids=lambda p: p.stem[:2])
+@pytest.mark.parametrize("path", _halves(LESSONS_WITH_WIDGETS))
 def test_lesson_offers_micro_batch_and_steps_controls(runs: dict[str, LessonRun], path: Path) -> None:
     run = _lesson(runs, path)
     missing = [c for c in CONTROLS if not any(c in label for label in run.controls)]
     assert not missing, f"{path.name}: no control labelled {missing}; its controls: {run.controls}"
 
 
-@pytest.mark.parametrize("path", LESSONS_WITH_WIDGETS, ids=lambda p: p.stem[:2])
+@pytest.mark.parametrize("path", _halves(LESSONS_WITH_WIDGETS))
 def test_lesson_shows_the_effective_batch(runs: dict[str, LessonRun], path: Path) -> None:
     run = _lesson(runs, path)
     assert re.search(r"B\s*x\s*K(\s*x\s*W)?\s*=\s*\d", run.widget_text), (  # lesson 07 adds W
@@ -383,7 +390,7 @@ def test_lesson_shows_the_effective_batch(runs: dict[str, LessonRun], path: Path
         f"('effective batch B x K = N'; a figure title cannot be read here)")
 
 
-@pytest.mark.parametrize("path", LESSONS_WITH_WIDGETS, ids=lambda p: p.stem[:2])
+@pytest.mark.parametrize("path", _halves(LESSONS_WITH_WIDGETS))
 def test_every_slider_redraws_its_output(runs: dict[str, LessonRun], path: Path) -> None:
     run = _lesson(runs, path)
     assert run.sliders, f"{path.name}: no slider in any widget output"

@@ -127,6 +127,7 @@ def main():
     if sys.argv[1] == "fail" and rank == 1:
         raise KeyError("rank 1 lost its key")
     if sys.argv[1] == "hang":
+        open(os.path.join(sys.argv[2], f"started-{rank}"), "w").close()  # this worker is up
         time.sleep(600)
     dist.barrier()
     save_result({"rank": rank, "world": dist.get_world_size(), "arg": sys.argv[1]})
@@ -166,8 +167,18 @@ def test_torchrun_results_and_failure(script: Path) -> None:
 
 
 @pytest.mark.distributed
-def test_torchrun_timeout_kills_everything(script: Path) -> None:
-    with pytest.raises(TimeoutError, match="did not finish"):
-        L.run_torchrun(script, 2, "hang", timeout_s=20)
-    assert _wait_gone(_worker_pids(script)) == []
+def test_torchrun_timeout_kills_everything(script: Path, tmp_path: Path) -> None:
+    # Both workers must be up (hanging) when the deadline strikes. They start in about 5 s on an
+    # idle 2-core machine; on a loaded one, try again with a longer deadline rather than pass
+    # without having killed running workers.
+    for timeout_s in (8, 30):
+        markers = tmp_path / f"deadline-{timeout_s}"
+        markers.mkdir()
+        with pytest.raises(TimeoutError, match="did not finish"):
+            L.run_torchrun(script, 2, "hang", str(markers), timeout_s=timeout_s)
+        assert _wait_gone(_worker_pids(script)) == []
+        if len(list(markers.glob("started-*"))) == 2:
+            break
+    assert sorted(p.name for p in markers.glob("started-*")) == ["started-0", "started-1"], (
+        "the workers never started, so the timeout killed nothing")
 

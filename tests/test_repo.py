@@ -113,7 +113,7 @@ def test_runtime_keeps_colabs_stack() -> None:
     assert runtime["ipywidgets"] == "ipywidgets>=7.6"
     assert "jupyterlab" in _names(project["optional-dependencies"]["lab"])
     makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"pip install -q \$\(CONSTRAINTS\) -e '\.\[\$\(EXTRAS\)\]'", makefile)
+    assert re.search(r"scripts/install\.py \$\(PY\) \$\(CONSTRAINTS\) -e '\.\[\$\(EXTRAS\)\]'", makefile)
     assert re.search(rf"^EXTRAS\s*\?=\s*{','.join(EXTRAS)}$", makefile, re.M)  # frameworks: lesson 10
 
 
