@@ -221,18 +221,19 @@ def make_chain(n: int, width: int, kind: str = "linear") -> nn.Sequential:
 
 
 def chain_layer_costs(chain: nn.Sequential, x: torch.Tensor) -> tuple[int, int]:
-    """(a, b): bytes one layer keeps for backward (its input included), bytes of one boundary.
+    """(m, c): bytes one layer keeps for backward (its input included), bytes of one boundary.
 
-    Measured on the first layer with the live tracker; b is the size of `x`.
+    Measured on the first layer with the live tracker; c is the size of `x`. Lesson 02 §4 calls
+    them m and c (its a and b are heads and micro-batch).
     """
-    a = saved_activation_bytes(lambda: chain[0](x.detach().clone().requires_grad_(True)))
-    return a, x.numel() * x.element_size()
+    m = saved_activation_bytes(lambda: chain[0](x.detach().clone().requires_grad_(True)))
+    return m, x.numel() * x.element_size()
 
 
-def segment_cost(a: float, b: float, n: int, k: int) -> float:
-    """Chen et al.'s cost model of activation memory with k segments: a*n/k + b*k."""
+def segment_cost(m: float, c: float, n: int, k: int) -> float:
+    """Chen et al.'s cost model of activation memory with k segments: m*n/k + c*k."""
     _check_segments(n, k)
-    return a * n / k + b * k
+    return m * n / k + c * k
 
 
 def _check_segments(n: int, k: int) -> None:
