@@ -242,27 +242,28 @@ def make_chain(n: int, width: int, kind: str = "linear") -> nn.Sequential:
 
 
 def chain_layer_costs(chain: nn.Sequential, x: torch.Tensor) -> tuple[int, int]:
-    """What one layer of a chain keeps, and what one boundary between layers is.
+    """What one layer of a chain keeps (m), and what one boundary between layers is (c).
 
-    Measured on the first layer with the live tracker.
+    Measured on the first layer with the live tracker. Lesson 02 §4 calls them m and c (its a
+    and b are heads and micro-batch).
 
     Args:
         chain: the layer chain (e.g. from `make_chain`).
         x: an input batch of the chain.
 
     Returns:
-        (a, b): bytes one layer keeps for backward (its input included), and the bytes of `x`.
+        (m, c): bytes one layer keeps for backward (its input included), and the bytes of `x`.
     """
-    a = saved_activation_bytes(lambda: chain[0](x.detach().clone().requires_grad_(True)))
-    return a, x.numel() * x.element_size()
+    m = saved_activation_bytes(lambda: chain[0](x.detach().clone().requires_grad_(True)))
+    return m, x.numel() * x.element_size()
 
 
-def segment_cost(a: float, b: float, n: int, k: int) -> float:
-    """Chen et al.'s cost model of activation memory with k segments: a*n/k + b*k.
+def segment_cost(m: float, c: float, n: int, k: int) -> float:
+    """Chen et al.'s cost model of activation memory with k segments: m*n/k + c*k.
 
     Args:
-        a: bytes one layer keeps.
-        b: bytes of one boundary (a segment's checkpointed input).
+        m: bytes one layer keeps.
+        c: bytes of one boundary (a segment's checkpointed input).
         n: layers.
         k: segments (1 to n).
 
@@ -270,7 +271,7 @@ def segment_cost(a: float, b: float, n: int, k: int) -> float:
         The modelled bytes.
     """
     _check_segments(n, k)
-    return a * n / k + b * k
+    return m * n / k + c * k
 
 
 def _check_segments(n: int, k: int) -> None:

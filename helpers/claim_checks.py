@@ -188,10 +188,12 @@ def _c_ckpt_flops(lab: Lab) -> Evidence:
         finally:
             acc.clear_grads(model)
     forwards = extra / region
+    from helpers.plots import format_flops  # matplotlib, imported only when the check runs
+
     return Evidence(0 < extra <= region, forwards, "forwards of the checkpointed blocks",
-                    f"lesson 02's model: {extra:,} extra FLOPs per forward+backward; one forward of its "
-                    f"{len(model.blocks)} blocks is {region:,} (+{extra / plain:.0%} of the step; "
-                    "counted by FlopCounterMode)", {"extra_share_of_step": extra / plain})
+                    f"lesson 02's model: {format_flops(extra)} extra per forward+backward; one forward "
+                    f"of its {len(model.blocks)} blocks is {format_flops(region)} (+{extra / plain:.0%} of "
+                    "the step; counted by FlopCounterMode)", {"extra_share_of_step": extra / plain})
 
 
 def _c_ckpt_inference(lab: Lab) -> Evidence:

@@ -86,6 +86,16 @@ def widget_bundle(widget: object, note: str) -> dict[str, object]:
     }
 
 
+def _shown_value(control: object) -> str:
+    """A control's value as the default-state line prints it: a selection's label ("58.2 MiB") when
+    it differs from the value (a raw byte count), else the value's repr."""
+    value = getattr(control, "value", control)
+    label = getattr(control, "label", None)
+    if isinstance(label, str) and label != str(value):
+        return label
+    return repr(value)
+
+
 def explore(fn: Callable[..., object], /, *, note: str = "", static: bool = True,
             **controls: object) -> object:
     """Show `fn`'s default state, then an interactive widget over `controls`.
@@ -95,7 +105,9 @@ def explore(fn: Callable[..., object], /, *, note: str = "", static: bool = True
         note: what the widget does, for its plain-text fallback (a saved notebook shows this
             line where the live widget would be).
         static: call `fn` once with the controls' default values first, so the saved notebook
-            shows that state as an ordinary output.
+            shows that state as an ordinary output. The line above it names each control's
+            default (a selection by its label, e.g. "58.2 MiB"); `fixed` values are not controls
+            and are left out.
         **controls: the ipywidgets controls (or fixed values), as for `ipywidgets.interactive`.
 
     Returns:
@@ -103,13 +115,13 @@ def explore(fn: Callable[..., object], /, *, note: str = "", static: bool = True
     """
     callable_arg("fn", fn, "the widget's function")
     from IPython.display import display
-    from ipywidgets import interactive
+    from ipywidgets import fixed, interactive
 
     widget = interactive(fn, **controls)
     if static:
         defaults = {name: getattr(control, "value", control) for name, control in controls.items()}
-        shown = ", ".join(f"{name}={value!r}" for name, value in defaults.items()
-                          if hasattr(controls[name], "value"))
+        shown = ", ".join(f"{name}={_shown_value(control)}" for name, control in controls.items()
+                          if hasattr(control, "value") and not isinstance(control, fixed))
         print(f"Default state ({shown}); the controls below redraw it when you run the notebook:")
         fn(**{name: getattr(value, "value", value) for name, value in defaults.items()})
     text = note or "interactive controls"

@@ -77,6 +77,19 @@ def format_bytes(n: float) -> str:
     return f"{sign}{int(n)} B"
 
 
+FLOP_UNITS = [("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)]
+
+
+def format_flops(n: float) -> str:
+    """A FLOP count with decimal units, e.g. 0.47 GFLOP or 2.10 MFLOP (never "469,762,048")."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in FLOP_UNITS:
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{int(n)} FLOP"
+
+
 def byte_unit(max_bytes: float) -> tuple[str, int]:
     """The unit that suits an axis whose largest value is `max_bytes`.
 

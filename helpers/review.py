@@ -155,7 +155,7 @@ def _value(row: Row) -> str:
     if v == 0 or abs(v) >= 1000:
         text = f"{v:,.0f}"
     elif abs(v) >= 1e-3:
-        text = f"{v:.6g}"
+        text = f"{v:.3g}"  # three digits: "18.8 x fewer saved bytes", "0.5 activations", never "18.8363"
     else:
         text = f"{v:.1e}"
     return f"{text} {row.unit}"

@@ -47,3 +47,15 @@ def test_explore_shows_the_default_state_then_a_widget_with_a_text_fallback(
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == widget.model_id
     with pytest.raises(ValueError, match="fn"):
         display.explore("not callable")  # type: ignore[arg-type]
+
+
+def test_explore_names_a_selection_by_its_label_and_leaves_fixed_values_out(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from ipywidgets import SelectionSlider, fixed
+
+    monkeypatch.setattr("IPython.display.display", lambda obj, **kw: None)
+    budget = SelectionSlider(options=[("48.0 MiB", 50331648), ("58.2 MiB", 60992105)], value=60992105)
+    display.explore(lambda budget, lab: None, budget=budget, lab=fixed(object()))
+    line = next(t for t in capsys.readouterr().out.splitlines() if "Default state" in t)
+    assert line.startswith("Default state (budget=58.2 MiB);"), line
+    assert "60992105" not in line and "lab=" not in line

@@ -58,6 +58,8 @@ def test_format_bytes_and_units() -> None:
     assert plots.format_bytes(-2**30) == "-1.0 GiB"
     assert plots.byte_unit(5 * 2**10) == ("KiB", 2**10)
     assert plots.byte_unit(10) == ("B", 1)
+    assert plots.format_flops(469_762_048) == "469.76 MFLOP" and plots.format_flops(3.69e9) == "3.69 GFLOP"
+    assert plots.format_flops(12) == "12 FLOP" and plots.format_flops(-2e12) == "-2.00 TFLOP"
 
 
 def test_phase_runs_merge_stray_ops() -> None:

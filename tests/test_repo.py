@@ -351,3 +351,41 @@ def test_judged_mutants_name_lines_that_exist() -> None:
         if original not in {line.strip() for line in (ROOT / path).read_text().splitlines()}
     ]
     assert not stale, f"docs/mutants.md names lines no longer in the helpers: {stale[:5]}"
+
+
+def _plan_commands() -> list[tuple[str, str]]:
+    """(where, command) for every `python -m helpers.plan ...` shown to a reader: the README, the
+    markdown docs and the notebooks' markdown cells (a trailing backslash continues the line)."""
+    sources = [(p.name, p.read_text(encoding="utf-8")) for p in sorted(ROOT.glob("*.md"))]
+    sources += [(p.name, "\n".join(_src(c) for c in json.loads(p.read_text())["cells"]
+                                   if c["cell_type"] == "markdown")) for p in NOTEBOOKS]
+    found = []
+    for where, text in sources:
+        text = text.replace("\\\n", " ")
+        for m in re.finditer(r"python -m helpers\.plan((?: +--?[\w-]+(?: +[^\s`|]+)?)+)", text):
+            found.append((where, m.group(1)))
+    return found
+
+
+def test_every_planner_command_a_reader_is_shown_parses_and_names_a_real_preset() -> None:
+    import shlex
+
+    from helpers import plan
+    from helpers.presets import PRESETS
+
+    commands = _plan_commands()
+    assert len(commands) >= 3, commands  # the README's top, its planner section, lessons 00 and 09
+    parser = plan._parser()
+    for where, args in commands:
+        argv = shlex.split(args)
+        if "--help" in argv:
+            continue
+        parsed = parser.parse_args(argv)  # an unknown option or a bad value exits here
+        assert parsed.preset is None or parsed.preset in PRESETS, (where, parsed.preset, list(PRESETS))
+
+
+def test_the_readme_lists_the_planner_presets_there_are() -> None:
+    from helpers.presets import PRESETS
+
+    text = _readme_section("Check every claim, plan your own model")
+    assert all(f"`{name}`" in text for name in PRESETS), [n for n in PRESETS if f"`{n}`" not in text]

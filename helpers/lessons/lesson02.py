@@ -375,10 +375,10 @@ def check_exercise_2(policy: object) -> str:
 
 
 def exercise_3_measurement(n: int = 16, scale: str = "tiny") -> dict[str, tuple[float, int]]:
-    """Exercise 3 measured as section 4 measures: (a/b, best k by saved bytes) per chain kind.
+    """Exercise 3 measured as section 4 measures: (m/c, best k by saved bytes) per chain kind.
 
     Builds an `n`-layer "linear" and "linear-relu" chain at `chain_shape(scale)`, takes
-    a and b from `chain_layer_costs` and the best k from `segment_sweep` over the
+    m and c from `chain_layer_costs` and the best k from `segment_sweep` over the
     divisors of `n`. Runs on the CPU in well under a second at "tiny".
     """
     width, batch = chain_shape(scale)
@@ -388,37 +388,37 @@ def exercise_3_measurement(n: int = 16, scale: str = "tiny") -> dict[str, tuple[
         x = torch.randn(batch, width)
         for kind in ("linear", EXERCISE_CHAIN):
             chain = make_chain(n, width, kind)
-            a, b = chain_layer_costs(chain, x)
+            m, c = chain_layer_costs(chain, x)
             points = segment_sweep(chain, x, divisors(n))
             best = min(points, key=lambda p: p.saved_bytes).segments
-            out[kind] = (a / b, best)
+            out[kind] = (m / c, best)
     return out
 
 
-def check_exercise_3(a_over_b: object) -> str:
-    """Exercise 3: a/b of a Linear + ReLU layer, checked against the lesson's own measurement.
+def check_exercise_3(m_over_c: object) -> str:
+    """Exercise 3: m/c of a Linear + ReLU layer, checked against the lesson's own measurement.
 
     The truth is measured, as section 4 measures: `chain_layer_costs` on a
     "linear-relu" chain (`exercise_3_measurement`). The ReLU keeps its output and the
-    next Linear keeps that same tensor as its input, one storage counted once, so a/b
+    next Linear keeps that same tensor as its input, one storage counted once, so m/c
     is about 1, as for the plain Linear chain, and the best k does not move.
     """
-    value = answer_number(a_over_b)
+    value = answer_number(m_over_c)
     if value is None:
-        return f"Hint: answer with the ratio a/b as a number, got {a_over_b!r}."
+        return f"Hint: answer with the ratio m/c as a number, got {m_over_c!r}."
     measured = exercise_3_measurement()
     ratio, best = measured[EXERCISE_CHAIN]
     plain_ratio, plain_best = measured["linear"]
     if abs(value - ratio) <= 0.1:
-        return (f"Correct: measured a/b = {ratio:.2f} (the Linear chain: {plain_ratio:.2f}). The ReLU keeps "
+        return (f"Correct: measured m/c = {ratio:.2f} (the Linear chain: {plain_ratio:.2f}). The ReLU keeps "
                 "its output, and that output is the next Linear's saved input: one storage, kept once. So "
                 f"the best k does not move: {best} segments for n = 16 with the ReLUs, {plain_best} without, "
-                f"sqrt(a·n/b) = {math.sqrt(ratio * 16):.1f}.")
+                f"sqrt(m·n/c) = {math.sqrt(ratio * 16):.1f}.")
     if abs(value - 2 * ratio) <= 0.1:
         return ("Hint: 2 counts one tensor twice. What the ReLU keeps (its output) is the tensor the next "
-                "Linear keeps (its input): autograd stores it once. Measure a with ckpt.chain_layer_costs.")
+                "Linear keeps (its input): autograd stores it once. Measure m with ckpt.chain_layer_costs.")
     return ("Hint: count what backward needs: a Linear keeps its input, a ReLU its output. Which of them "
-            "are the same tensor? Measure a and b with ckpt.chain_layer_costs on the new chain.")
+            "are the same tensor? Measure m and c with ckpt.chain_layer_costs on the new chain.")
 
 
 def check_exercise_4(flops_factor: object, peak_factor: object) -> str:

@@ -153,9 +153,12 @@ def plot_micro_step_memory(ax: Axes, results: dict[str, MicroStepMemory], *,
         results: {loop name: its `micro_step_memory` result}.
         unit_bytes: the unit of the y axis (one micro-batch's saved activations).
         title: the axes title.
-        references: {label: height in units} drawn as labelled dotted lines, e.g. one
-            micro-batch of logits held by the loop's variable.
+        references: {label: height in units} drawn as a labelled bracket that rises that far
+            above the first loop's last mark, e.g. one micro-batch of logits held by the loop's
+            variable: the offset between the correct loop and the loops that hold it.
     """
+    from matplotlib.patches import FancyArrowPatch
+
     positive_int("unit_bytes", unit_bytes)
     curves: list[tuple[list[str], list[float], list[str]]] = []  # (names, heights, mark labels)
     for name, res in results.items():
@@ -175,10 +178,13 @@ def plot_micro_step_memory(ax: Axes, results: dict[str, MicroStepMemory], *,
         longest = labels if len(labels) > len(longest) else longest
     ticks = ["start" if lab == "start" else lab.removeprefix("micro-step ") for lab in longest]
     ax.set_xticks(range(len(ticks)), ticks)
+    base = curves[0][1][-1] if curves else 0.0  # where the first loop (the correct one) ends
+    x = len(longest) - 1.5  # between the last two marks, clear of the markers
     for label, height in (references or {}).items():
-        ax.axhline(height, color="#666", ls=":", lw=1)
-        ax.annotate(label, (0.0, height), xycoords=("axes fraction", "data"), xytext=(4, 3),
-                    textcoords="offset points", fontsize=8, color="#444")
+        ax.add_patch(FancyArrowPatch((x, base), (x, base + height), arrowstyle="<->", mutation_scale=10,
+                                     shrinkA=0, shrinkB=0, color="#444", lw=1))
+        ax.annotate(label, (x, base + height / 2), xytext=(5, 0), textcoords="offset points",
+                    ha="left", va="center", fontsize=8, color="#444")
     ax.set_xlabel("after micro-step")
     ax.set_ylabel("live memory above start\n(x one micro-batch's activations)")
     ax.set_title(title)

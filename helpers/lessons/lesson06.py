@@ -153,8 +153,7 @@ class PlannerLab:
                            title=f"{micro_batch} x {k}{' checkpointed' if checkpointed else ''}: "
                                  + ("fits" if fits else "over budget"))
         unit, size = plots.byte_unit(max(measured.peak_bytes, budget_bytes))
-        ax.plot([0], [predicted / size], marker="_", markersize=40, mew=2.5, color="black",
-                label="predicted peak")
+        ax.hlines(predicted / size, -0.4, 0.4, colors="black", lw=2.5, label="predicted peak")  # the bar wide
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         plots.show(fig)
 
@@ -208,11 +207,11 @@ def draw_decision_diagram(path: str | None = None) -> object:
                             "activations per example, the optimizer step's peak", "#e8eef7")
     box(2.6, 7.2, 4.3, 0.7, "Does the floor (and the optimizer step)\nfit the budget?", ask)
     box(2.6, 7.2, 3.0, 0.95, "Your minimum B: the smallest micro-batch that keeps\nthe device busy "
-                             "(throughput, lesson 03 §7). Largest B >= it,\ndividing E, that fits "
-                             "WITHOUT checkpointing?", ask)
+                             "(throughput, lesson 03 §7). Largest B >= it,\n"
+                             "dividing the effective batch B_eff, that fits WITHOUT checkpointing?", ask)
     box(2.6, 7.2, 1.7, 0.7, "Largest such B that fits\nWITH checkpointing?", ask)
-    box(7.8, 9.9, 3.0, 0.8, "Use B, no checkpointing;\naccumulate K = E / B", ok)
-    box(7.8, 9.9, 1.7, 0.7, "Checkpoint, use B;\naccumulate K = E / B", ok)
+    box(7.8, 9.9, 3.0, 0.8, "Use B, no checkpointing;\naccumulate K = B_eff / B", ok)
+    box(7.8, 9.9, 1.7, 0.7, "Checkpoint, use B;\naccumulate K = B_eff / B", ok)
     box(0.1, 2.0, 3.0, 2.4, "Model state dominates:\nshard it across\nworkers (lesson 07),\n"
                             "shard the optimizer\nstate, lower its\nprecision, or\noffload it", stop)
     arrow((4.9, 5.15), (4.9, 4.65))

@@ -108,13 +108,17 @@ def draw_report(report: DataParallelReport) -> object:
                 left.text(k + 0.5, r + 0.5, f"B={s.micro_batch}", ha="center", va="center", fontsize=8)
     left.set_xlim(0, s.accumulation_steps)
     left.set_ylim(s.world_size, 0)
-    left.set_xlabel("micro-step (K)")
-    left.set_ylabel("worker rank (W)")
+    left.set_xticks([k + 0.5 for k in range(s.accumulation_steps)],  # one tick per micro-step, in its middle
+                    [str(k + 1) for k in range(s.accumulation_steps)])
+    left.set_yticks([r + 0.5 for r in range(s.world_size)], [f"rank {r}" for r in range(s.world_size)])
+    left.set_xlabel(f"micro-step (K = {s.accumulation_steps})")
+    left.set_ylabel(f"worker (W = {s.world_size})")
     left.set_title(f"B x K x W = {s.micro_batch} x {s.accumulation_steps} x {s.world_size} = {s.train_batch}")
     left.grid(False)
     labels = ["no_sync on K-1\nmicro-steps", "sync every\nmicro-step"]
     values = [report.calls_no_sync, report.calls_every_step]
-    right.bar(labels, values, color=["#55A868", "#C44E52"])
+    kinds = [no_sync_kind(c, 0.0, report.diff.max_rel) for c in values]  # the colours of section 4's bars
+    right.bar(labels, values, color=[NO_SYNC_KINDS[k][0] for k in kinds], edgecolor="#333")
     for i, v in enumerate(values):
         right.annotate(str(v), (i, v), ha="center", va="bottom")
     right.set_ylabel("gradient all-reduces per update")

@@ -111,10 +111,10 @@ def test_exercise_3_checker_agrees_with_the_lessons_own_measurement() -> None:
     costs = {kind: ckpt.chain_layer_costs(chain, x) for kind, chain in chains.items()}
     best = {kind: min(ckpt.segment_sweep(chain, x, ckpt.divisors(16)), key=lambda p: p.saved_bytes).segments
             for kind, chain in chains.items()}
-    a, b = costs[ckpt.EXERCISE_CHAIN]
-    assert a == b == x.numel() * 4  # the Linear's input; the ReLU's output is that same storage downstream
+    m, c = costs[ckpt.EXERCISE_CHAIN]
+    assert m == c == x.numel() * 4  # the Linear's input; the ReLU's output is that same storage downstream
     assert best[ckpt.EXERCISE_CHAIN] == best["linear"] == 4  # the optimum k does not move
-    assert lesson02.check_exercise_3(a / b).startswith("Correct")
+    assert lesson02.check_exercise_3(m / c).startswith("Correct")
     assert lesson02.check_exercise_3(2.0).startswith("Hint") and "once" in lesson02.check_exercise_3(2.0)
     assert lesson02.check_exercise_3(6).startswith("Hint")
     measured = lesson02.exercise_3_measurement()

@@ -186,6 +186,9 @@ def test_micro_step_figure_draws_coinciding_loops_once_and_labels_every_mark() -
         "correct = keep loss", "summed"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["start", "1", "2", "backward"]
     assert [t.get_text() for t in ax.texts] == ["one micro-batch of logits"]
+    (bracket,) = ax.patches  # the offset, from the first loop's last mark (0.1) up by 0.4
+    ys = [y for _, y in bracket.get_path().vertices]
+    assert min(ys) == pytest.approx(0.1, abs=0.02) and max(ys) == pytest.approx(0.5, abs=0.02), ys
     import matplotlib.pyplot as plt
 
     plt.close(fig)

@@ -97,8 +97,16 @@ def test_widget_report(pool: WorkerPool) -> None:
     assert (report.calls_no_sync, report.calls_every_step) == (1, 3)
     assert report.diff.max_rel <= 1e-5 and report.ranks_agree
     import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
 
-    plt.close(lesson07.draw_report(report))
+    fig = lesson07.draw_report(report)
+    left, right = fig.axes
+    assert [t.get_text() for t in left.get_xticklabels()] == ["1", "2", "3"]  # whole micro-steps, not 0.5
+    assert [t.get_text() for t in left.get_yticklabels()] == ["rank 0", "rank 1"]
+    colours = [to_hex(bar.get_facecolor()).upper() for bar in right.patches]
+    assert colours == [lesson07.NO_SYNC_KINDS[k][0].upper() for k in
+                       ("right gradient, 1 all-reduce", "right gradient, but K all-reduces")]
+    plt.close(fig)
 
 
 def test_draw_fsdp_memory_shows_state_persistent_and_peak() -> None:
