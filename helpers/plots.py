@@ -81,7 +81,14 @@ FLOP_UNITS = [("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), 
 
 
 def format_flops(n: float) -> str:
-    """A FLOP count with decimal units, e.g. 0.47 GFLOP or 2.10 MFLOP (never "469,762,048")."""
+    """A FLOP count with decimal units, e.g. 0.47 GFLOP or 2.10 MFLOP (never "469,762,048").
+
+    Args:
+        n: the FLOP count (negative for a difference).
+
+    Returns:
+        The count with two decimals in the largest unit it reaches.
+    """
     sign = "-" if n < 0 else ""
     n = abs(n)
     for unit, size in FLOP_UNITS:
