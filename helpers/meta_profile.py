@@ -189,6 +189,42 @@ def _meta_rng_module() -> Iterator[None]:
         del torch.meta  # type: ignore[attr-defined]
 
 
+BLOCKS_DONE = "blocks done"
+
+
+@contextlib.contextmanager
+def _marks_blocks_done(model: nn.Module, tracker: MemoryTracker | None) -> Iterator[None]:
+    """During one forward pass: the tracker marks `BLOCKS_DONE` when backward has passed every block.
+
+    The first call of the first block (`blocks_of`) hooks its input, whose gradient exists once the
+    backward of every block has run; what follows (the embedding's backward) is the part of the pass
+    whose memory does not grow with the number of blocks (`helpers.peak_envelope`). The hook returns
+    nothing, so the gradient is unchanged; no mark is made without blocks or an input that needs grad.
+    """
+    try:
+        first = blocks_of(model)[0] if tracker is not None else None
+    except ValueError:
+        first = None
+    if first is None:
+        yield
+        return
+
+    def hook(module: nn.Module, args: tuple[object, ...]) -> None:
+        handle.remove()  # the first call only: a checkpoint's recompute calls the block again
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            x.register_hook(on_grad)
+
+    def on_grad(grad: torch.Tensor) -> None:
+        tracker.mark(BLOCKS_DONE, collect=False)
+
+    handle = first.register_forward_pre_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 # ---------------------------------------------------------------------------
 # One profiled update
 # ---------------------------------------------------------------------------
@@ -231,6 +267,7 @@ class StepProfile(PhasePeaks):
     inside_kernels_bytes: int = 0
     kernel_buffer_bytes: dict[str, int] = field(default_factory=dict)
     released: StepProfile | None = None
+    timeline: Timeline | None = field(default=None, repr=False, compare=False)
 
     @property
     def phases(self) -> dict[str, dict[str, int]]:
@@ -242,8 +279,9 @@ class StepProfile(PhasePeaks):
         }
 
 
-def _step_profile(timeline: Timeline, end_mark: int, fields: dict[str, object]) -> StepProfile:
+def _step_profile(timeline: Timeline, fields: dict[str, object]) -> StepProfile:
     """A `StepProfile` from one timeline of the update (`fields`: the ones that do not come from it)."""
+    end_mark = max(i for i, label in timeline.marks if label == "end of forward")
     total, phases = timeline.total, timeline.phases
     bwd = [i for i, p in enumerate(phases) if p in ("backward", "recompute")]
     peaks = phase_peaks(timeline)
@@ -255,7 +293,7 @@ def _step_profile(timeline: Timeline, end_mark: int, fields: dict[str, object]) 
         forward_end_breakdown=end, backward_peak_bytes=sum(backward.values()), backward_breakdown=backward,
         optimizer_peak_bytes=opt[0], optimizer_breakdown=opt[1], forward_peak_bytes=fwd[0],
         forward_breakdown=fwd[1], first_step_peak_bytes=first[0], first_step_breakdown=first[1],
-        inside_kernels_bytes=top[2], **fields,
+        inside_kernels_bytes=top[2], timeline=timeline, **fields,
     )
 
 
@@ -374,7 +412,8 @@ class Profiler:
             self.model, "full" if wrapper == "blocks" else wrapper)
         with blocks:
             for i, (x, y) in enumerate(batches):
-                with autocast, rule.forward() if rule is not None else contextlib.nullcontext():
+                with (autocast, rule.forward() if rule is not None else contextlib.nullcontext(),
+                      _marks_blocks_done(self.model, tracker)):
                     predictions = self.model(x)
                     loss = self.spec.loss(predictions, y)
                 release_point(predictions, loss)  # where `del predictions` would drop them
@@ -436,7 +475,7 @@ class Profiler:
             "kernel_buffer_bytes": buffers,
         }
         timelines = {released: timeline_of(released) for released in (False, True)}
-        keep, released = (_step_profile(tl, tl.marks[-1][0], fields) for tl in timelines.values())
+        keep, released = (_step_profile(tl, fields) for tl in timelines.values())
         result = dataclasses.replace(keep, released=released)
         if key is not None:
             self._cache[key] = result

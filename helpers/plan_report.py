@@ -4,8 +4,8 @@
   planner's choice for a budget (lesson 06's `helpers.planner.recommend`), the estimates people use
   beside ours, and what each remedy saves. `PlanReport.table()` prints it, `to_dict()` is the `--json`.
 - `reported_card_bytes`, `margin_line`: the card a budget stands for, and the CUDA margin.
-- `preset_profile`: a preset's `MemoryProfile` from a 1-block and a 2-block copy of the model,
-  extrapolated to all blocks.
+- `preset_profile`, `arch_profile`: a preset's (a config's) `MemoryProfile` from a 1-block and a
+  2-block copy of the model, extended to all blocks, its peaks exact at every micro-batch.
 """
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from helpers.architectures import CausalLM
+from helpers.architectures import ArchConfig, CausalLM
 from helpers.meta_profile import CHECKPOINTS, PURE_BF16_WARNING, BatchSpec, Profiler, StepProfile
+from helpers.peak_envelope import EnvelopeProfile, PeakEnvelope, envelopes
 from helpers.planner import CAVEATS, MemoryProfile, Plan, recommend, remedy_floors
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
-from helpers.validate import ArgTypeError, choice, number_in_range, positive_number
+from helpers.validate import ArgTypeError, choice, number_in_range, positive_int, positive_number
 
-__all__ = ["PRESET_MICRO_BATCHES", "PlanReport", "margin_line", "plan_model", "preset_profile",
-           "reported_card_bytes"]
+__all__ = ["PRESET_MICRO_BATCHES", "PlanReport", "arch_profile", "margin_line", "plan_model",
+           "preset_profile", "reported_card_bytes"]
 
 
 def reported_card_bytes(budget_bytes: float) -> float:
@@ -418,36 +419,51 @@ def preset_profile(
     trainable: str = "all",
     micro_batches: tuple[int, ...] = PRESET_MICRO_BATCHES,
 ) -> MemoryProfile:
-    """A preset's `MemoryProfile`, from copies with 1 and 2 blocks extrapolated to all of them.
-
-    Each copy is fitted at `micro_batches` (default 1, 2 and 8: where the optimizer step binds at
-    small sizes, the forward lines come from the largest sizes, whose regime larger micro-batches
-    continue). `trainable` is as `Profiler`'s ("all", a name regex, "lora:<rank>[:<regex>]").
-
-    Every block is identical, so each fitted figure (floor, bytes per example, the
-    optimizer step's peak, ...) is a straight line in the number of blocks: two short
-    profiles give it for any depth, in well under a second even for the 7B shape.
-    """
+    """A preset's `MemoryProfile`: `arch_profile` of its config (`helpers.presets.preset_spec`)."""
     _, _, cfg = preset_spec(name, seq_len)
-    fits = []
+    return arch_profile(cfg, seq_len, checkpoint, optimizer=optimizer, target=target, precision=precision,
+                        trainable=trainable, micro_batches=micro_batches, label=f"{name} {checkpoint}")
+
+
+def arch_profile(
+    cfg: ArchConfig,
+    seq_len: int,
+    checkpoint: str = "none",
+    *,
+    optimizer: str = "adam",
+    target: str = "cuda",
+    precision: str = "fp32",
+    trainable: str = "all",
+    micro_batches: tuple[int, ...] = PRESET_MICRO_BATCHES,
+    label: str = "",
+) -> EnvelopeProfile:
+    """The `MemoryProfile` of `CausalLM(cfg)`, from copies with 1 and 2 blocks extended to all of them.
+
+    Its peaks (`predict_peak`, `forward_peak`, `optimizer_peak`, at any micro-batch and K) are
+    exact: a `helpers.peak_envelope.EnvelopeProfile` built from each copy's profiles at micro-batches
+    1, 2 and 8, never a line extended past the sizes it was fitted at. Its fitted figures (floor,
+    bytes per example, the optimizer step's line), which describe the profile, come from each copy
+    fitted at `micro_batches` (default 1, 2 and 8), each a straight line in the number of blocks.
+    `trainable` is as `Profiler`'s ("all", a name regex, "lora:<rank>[:<regex>]"). Profiling the
+    copies takes about a second, even for the 8B shape.
+    """
+    if positive_int("seq_len", seq_len) > cfg.max_positions:
+        raise ValueError(f"seq_len={seq_len} is beyond the config's {cfg.max_positions} positions")
+    fits, steps = [], []
     for n in (1, 2):
-        small = dataclasses.replace(cfg, num_layers=n)
-        profiler = Profiler(
-            functools.partial(CausalLM, small),
-            BatchSpec.lm(seq_len, cfg.vocab_size),
-            optimizer,
-            target=target,
-            precision=precision,
-            trainable=trainable,
-        )
+        profiler = Profiler(functools.partial(CausalLM, dataclasses.replace(cfg, num_layers=n)),
+                            BatchSpec.lm(seq_len, cfg.vocab_size), optimizer, target=target,
+                            precision=precision, trainable=trainable)
         fits.append(profiler.memory_profile(checkpoint, micro_batches))
-    one, two = fits
+        steps.append({b: profiler.step(b, checkpoint=checkpoint) for b in (1, 2, 8)})
     method = f"meta-tracker (target {target}), blocks extrapolated"
-    return _extrapolated(one, two, cfg.num_layers, method=method, label=f"{name} {checkpoint}")
+    return _extrapolated(*fits, cfg.num_layers, envelopes(steps, cfg.num_layers), method=method, label=label)
 
 
-def _extrapolated(one: MemoryProfile, two: MemoryProfile, n: int, **names: str) -> MemoryProfile:
-    """The profile of `n` blocks from those of 1 and 2 blocks: every figure on its straight line."""
+def _extrapolated(one: MemoryProfile, two: MemoryProfile, n: int,
+                  exact: tuple[PeakEnvelope, PeakEnvelope], **names: str) -> EnvelopeProfile:
+    """The profile of `n` blocks from those of 1 and 2 blocks: every figure on its straight line,
+    the peaks from the envelopes `exact` (of the loop as written, and with `del predictions`)."""
 
     def line(attr: str) -> float:
         a, b = getattr(one, attr), getattr(two, attr)
@@ -462,5 +478,6 @@ def _extrapolated(one: MemoryProfile, two: MemoryProfile, n: int, **names: str) 
     numbers["gradient_bytes"] = round(numbers["gradient_bytes"])
     released = None
     if one.released is not None and two.released is not None:
-        released = _extrapolated(one.released, two.released, n, **names)
-    return MemoryProfile(**numbers, micro_batches=one.micro_batches, released=released, **names)
+        released = _extrapolated(one.released, two.released, n, (exact[1], exact[1]), **names)
+    return EnvelopeProfile(**numbers, micro_batches=one.micro_batches, released=released, envelope=exact[0],
+                           **names)
