@@ -262,11 +262,13 @@ def _lesson_loop_peak(hf: HFModel, b: int, k: int, checkpointed: bool, precision
 def _plan_for(profiler: Profiler, b: int, k: int, checkpointed: bool) -> PlanReport:
     """`plan_model` for a budget and a minimum micro-batch under which the planner chooses B x K.
 
-    The budget is that configuration's own full profile; the planner is asked for the effective
-    batch B x K from micro-batch B up, and may checkpoint only where `checkpointed` says.
+    The budget is the larger of that configuration's full profile and the fitted line the planner
+    screens candidates with; the planner is asked for the effective batch B x K from micro-batch B
+    up, and may checkpoint only where `checkpointed` says.
     """
     mode = "blocks" if checkpointed else "none"
-    budget = profiler.step(b, checkpoint=mode, accumulation_steps=k).peak_bytes
+    budget = max(profiler.step(b, checkpoint=mode, accumulation_steps=k).peak_bytes,
+                 profiler.memory_profile(mode, (1, 2)).predict_peak(b, accumulation_steps=k))
     report = plan_model(profiler, name="config.json", budget_bytes=budget, effective_batch=b * k,
                         checkpoint=mode, min_micro_batch=b)
     assert report.plan is not None, report.refusal
