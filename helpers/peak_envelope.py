@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from helpers.memory import Timeline
 from helpers.memory_profile import MemoryProfile
-from helpers.meta_profile import BLOCKS_DONE, StepProfile
+from helpers.step_profile import BLOCKS_DONE, StepProfile
 from helpers.validate import positive_int
 
 __all__ = ["GROUPS", "EnvelopeProfile", "PeakEnvelope", "envelopes"]
