@@ -60,10 +60,10 @@ from torch import nn
 
 from helpers.checkpointing import apply_ac, blocks_of
 from helpers.kernel_buffers import attention_backward_buffer_bytes, kernel_buffers, rng_states_counted
-from helpers.memory import MemoryTracker, Timeline, tracked_run
+from helpers.memory import MemoryTracker, tracked_run
 from helpers.models import BlockWrapper
-from helpers.phases import PhasePeaks, phase_peaks
 from helpers.planner import MemoryProfile, fit_profile
+from helpers.step_profile import BLOCKS_DONE, StepProfile, _marks_blocks_done, _step_profile
 from helpers.target_kernels import DEFAULT_CAPABILITY, GPUS, _AutocastRule, _TargetKernels, cuda_kernel
 from helpers.tracker import release_point
 from helpers.trainable import apply_trainable, trainable_count
@@ -71,6 +71,7 @@ from helpers.training import OPTIMIZERS, lm_loss, make_optimizer
 from helpers.validate import ArgTypeError, callable_arg, choice, positive_int
 
 __all__ = [
+    "BLOCKS_DONE",
     "CHECKPOINTS",
     "GPUS",
     "OPTIMIZER_IMPLS",
@@ -190,73 +191,8 @@ def _meta_rng_module() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------
-# One profiled update
+# The profiler (its record of one update, `StepProfile`, is in `helpers.step_profile`)
 # ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StepProfile(PhasePeaks):
-    """One accumulation update's memory, by phase; reads like lesson 06's `PhaseMemory`.
-
-    `forward_end_*` is what is alive when the last micro-step's loss exists (before its
-    backward); `backward_*` the peak of the backward passes (recomputation included);
-    `optimizer_*` the peak inside `optimizer.step()`. `forward_peak_*` is the peak of
-    everything before the step (forward and backward), as `fit_profile` expects, and
-    `first_step_*` that of the first micro-step alone (an update of one micro-step).
-    `inside_kernels_bytes` is the part of "other" at the peak that kernels allocated inside
-    themselves (on meta, `kernel_buffer_bytes`: bytes per call of each fused-attention
-    backward, modelled; on a real CPU, the allocator's record). `released` is the same
-    update as a loop with `del predictions` after the loss would hold it.
-    """
-
-    micro_batch: int
-    accumulation_steps: int
-    peak_bytes: int
-    breakdown: dict[str, int]
-    forward_end_bytes: int
-    forward_end_breakdown: dict[str, int]
-    backward_peak_bytes: int
-    backward_breakdown: dict[str, int]
-    optimizer_peak_bytes: int
-    optimizer_breakdown: dict[str, int]
-    forward_peak_bytes: int
-    forward_breakdown: dict[str, int]
-    device: str
-    method: str
-    target: str
-    precision: str
-    kernels: tuple[str, ...] = ()
-    first_step_peak_bytes: int = 0
-    first_step_breakdown: dict[str, int] | None = None
-    inside_kernels_bytes: int = 0
-    kernel_buffer_bytes: dict[str, int] = field(default_factory=dict)
-    released: StepProfile | None = None
-
-    @property
-    def phases(self) -> dict[str, dict[str, int]]:
-        """The three phase breakdowns by name."""
-        return {
-            "end of forward": self.forward_end_breakdown,
-            "backward peak": self.backward_breakdown,
-            "optimizer step peak": self.optimizer_breakdown,
-        }
-
-
-def _step_profile(timeline: Timeline, end_mark: int, fields: dict[str, object]) -> StepProfile:
-    """A `StepProfile` from one timeline of the update (`fields`: the ones that do not come from it)."""
-    total, phases = timeline.total, timeline.phases
-    bwd = [i for i, p in enumerate(phases) if p in ("backward", "recompute")]
-    peaks = phase_peaks(timeline)
-    backward = timeline.at(max(bwd, key=total.__getitem__)) if bwd else dict.fromkeys(timeline.series, 0)
-    end = timeline.at(end_mark)
-    top, fwd, opt, first = peaks["overall"], peaks["forward"], peaks["optimizer"], peaks["first step"]
-    return StepProfile(
-        peak_bytes=top[0], breakdown=dict(top[1]), forward_end_bytes=sum(end.values()),
-        forward_end_breakdown=end, backward_peak_bytes=sum(backward.values()), backward_breakdown=backward,
-        optimizer_peak_bytes=opt[0], optimizer_breakdown=opt[1], forward_peak_bytes=fwd[0],
-        forward_breakdown=fwd[1], first_step_peak_bytes=first[0], first_step_breakdown=first[1],
-        inside_kernels_bytes=top[2], **fields,
-    )
 
 
 @dataclass
@@ -374,7 +310,8 @@ class Profiler:
             self.model, "full" if wrapper == "blocks" else wrapper)
         with blocks:
             for i, (x, y) in enumerate(batches):
-                with autocast, rule.forward() if rule is not None else contextlib.nullcontext():
+                with (autocast, rule.forward() if rule is not None else contextlib.nullcontext(),
+                      _marks_blocks_done(self.model, tracker)):
                     predictions = self.model(x)
                     loss = self.spec.loss(predictions, y)
                 release_point(predictions, loss)  # where `del predictions` would drop them
@@ -436,7 +373,7 @@ class Profiler:
             "kernel_buffer_bytes": buffers,
         }
         timelines = {released: timeline_of(released) for released in (False, True)}
-        keep, released = (_step_profile(tl, tl.marks[-1][0], fields) for tl in timelines.values())
+        keep, released = (_step_profile(tl, fields) for tl in timelines.values())
         result = dataclasses.replace(keep, released=released)
         if key is not None:
             self._cache[key] = result

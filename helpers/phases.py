@@ -19,6 +19,7 @@ taken from the same run (`helpers.tracker.MemoryTracker.could_release`).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -49,22 +50,33 @@ __all__ = [
 
 
 def accumulate_update(
-    model: nn.Module, optimizer: torch.optim.Optimizer, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    model: nn.Module, optimizer: torch.optim.Optimizer, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    *, loss_fn: Callable[[object, torch.Tensor], torch.Tensor] = lm_loss, autocast: torch.dtype | None = None,
 ) -> None:
     """One optimizer update from `len(batches)` micro-batches: the loop the notebook teaches, as written.
 
     `predictions` and `loss` are variables, so each micro-step's outputs stay alive until the
     next micro-step reassigns them (through its forward pass), and the last ones through
     `optimizer.step()`. `release_point` only tells a measuring tracker where a loop with
-    `del predictions` would drop them; it changes nothing here.
+    `del predictions` would drop them; it changes nothing here. `loss_fn(predictions, targets)`
+    is the mean loss (default `lm_loss`; e.g. `BatchSpec.loss` for a model that returns an
+    object with `.logits`). `autocast` (e.g. `torch.bfloat16`) runs the forward pass and the
+    loss under `torch.autocast` of the batch's device, mixed precision over the model's own
+    (fp32) weights; backward and the step run outside it, as PyTorch recommends.
     """
     optimizer.zero_grad(set_to_none=True)
     for idx, targets in batches:
-        predictions = model(idx)
-        loss = lm_loss(predictions, targets)
+        with _autocast(idx.device, autocast):
+            predictions = model(idx)
+            loss = loss_fn(predictions, targets)
         release_point(predictions, loss)
         (loss / len(batches)).backward()
     optimizer.step()
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """`torch.autocast` of `device`'s type in `dtype`, or a context that does nothing for None."""
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
 # -- Measuring both phases of an update ------------------------------------------------------------

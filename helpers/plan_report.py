@@ -4,28 +4,25 @@
   planner's choice for a budget (lesson 06's `helpers.planner.recommend`), the estimates people use
   beside ours, and what each remedy saves. `PlanReport.table()` prints it, `to_dict()` is the `--json`.
 - `reported_card_bytes`, `margin_line`: the card a budget stands for, and the CUDA margin.
-- `preset_profile`: a preset's `MemoryProfile` from a 1-block and a 2-block copy of the model,
-  extrapolated to all blocks.
+- `preset_profile`, `arch_profile`, `PRESET_MICRO_BATCHES`: re-exported from `helpers.preset_profiles`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from torch import nn
 
-from helpers.architectures import CausalLM
-from helpers.meta_profile import CHECKPOINTS, PURE_BF16_WARNING, BatchSpec, Profiler, StepProfile
+from helpers.meta_profile import CHECKPOINTS, PURE_BF16_WARNING, Profiler, StepProfile
 from helpers.planner import CAVEATS, MemoryProfile, Plan, recommend, remedy_floors
-from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
+from helpers.preset_profiles import PRESET_MICRO_BATCHES, arch_profile, preset_profile
+from helpers.presets import DEFAULT_CUDA_MARGIN, GB
 from helpers.validate import ArgTypeError, choice, number_in_range, positive_number
 
-__all__ = ["PRESET_MICRO_BATCHES", "PlanReport", "margin_line", "plan_model", "preset_profile",
-           "reported_card_bytes"]
+__all__ = ["PRESET_MICRO_BATCHES", "PlanReport", "arch_profile", "margin_line", "plan_model",
+           "preset_profile", "reported_card_bytes"]
 
 
 def reported_card_bytes(budget_bytes: float) -> float:
@@ -401,66 +398,3 @@ def plan_model(
         profiler.n_trainable,
         profiler.trainable_spec.describe(),
     )
-
-
-PRESET_MICRO_BATCHES = (1, 2, 8)
-
-
-@functools.lru_cache(maxsize=64)
-def preset_profile(
-    name: str,
-    seq_len: int,
-    checkpoint: str = "none",
-    *,
-    optimizer: str = "adam",
-    target: str = "cuda",
-    precision: str = "fp32",
-    trainable: str = "all",
-    micro_batches: tuple[int, ...] = PRESET_MICRO_BATCHES,
-) -> MemoryProfile:
-    """A preset's `MemoryProfile`, from copies with 1 and 2 blocks extrapolated to all of them.
-
-    Each copy is fitted at `micro_batches` (default 1, 2 and 8: where the optimizer step binds at
-    small sizes, the forward lines come from the largest sizes, whose regime larger micro-batches
-    continue). `trainable` is as `Profiler`'s ("all", a name regex, "lora:<rank>[:<regex>]").
-
-    Every block is identical, so each fitted figure (floor, bytes per example, the
-    optimizer step's peak, ...) is a straight line in the number of blocks: two short
-    profiles give it for any depth, in well under a second even for the 7B shape.
-    """
-    _, _, cfg = preset_spec(name, seq_len)
-    fits = []
-    for n in (1, 2):
-        small = dataclasses.replace(cfg, num_layers=n)
-        profiler = Profiler(
-            functools.partial(CausalLM, small),
-            BatchSpec.lm(seq_len, cfg.vocab_size),
-            optimizer,
-            target=target,
-            precision=precision,
-            trainable=trainable,
-        )
-        fits.append(profiler.memory_profile(checkpoint, micro_batches))
-    one, two = fits
-    method = f"meta-tracker (target {target}), blocks extrapolated"
-    return _extrapolated(one, two, cfg.num_layers, method=method, label=f"{name} {checkpoint}")
-
-
-def _extrapolated(one: MemoryProfile, two: MemoryProfile, n: int, **names: str) -> MemoryProfile:
-    """The profile of `n` blocks from those of 1 and 2 blocks: every figure on its straight line."""
-
-    def line(attr: str) -> float:
-        a, b = getattr(one, attr), getattr(two, attr)
-        return a + (n - 1) * (b - a)
-
-    numbers = {
-        f.name: line(f.name)
-        for f in dataclasses.fields(MemoryProfile)
-        if f.name not in ("method", "micro_batches", "label", "released")
-    }
-    numbers["floor_bytes"] = round(numbers["floor_bytes"])
-    numbers["gradient_bytes"] = round(numbers["gradient_bytes"])
-    released = None
-    if one.released is not None and two.released is not None:
-        released = _extrapolated(one.released, two.released, n, **names)
-    return MemoryProfile(**numbers, micro_batches=one.micro_batches, released=released, **names)

@@ -144,6 +144,20 @@ def _fits(profile: MemoryProfile, sizes: Sequence[int], effective_batch: int, bu
     return None
 
 
+def _unmeasured(profile: MemoryProfile, b: int, verify: Verify | None) -> str:
+    """A note when micro-batch `b` is below the smallest size `profile` measured and nothing checked it.
+
+    Below its smallest measured size a fitted line is extended downwards, where the peak can sit at
+    another point of the update (it is the largest of several lines, each a different moment), so
+    the prediction may be low.
+    """
+    sizes = profile.micro_batches
+    if verify is not None or not sizes or b >= min(sizes):
+        return ""
+    return (f" Micro-batch {b} is below the smallest size the profile measured ({min(sizes)}): its peak is "
+            "extended from larger sizes, not measured; measure it (or pass verify=) before relying on it.")
+
+
 def _skipped(skipped: list[str], budget: float) -> str:
     return ("" if not skipped else f" Skipped, over the {_mb(budget)} budget when checked: "
             f"{'; '.join(skipped)}.")
@@ -167,7 +181,9 @@ def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
     checkpoint)`, when given, returns the checked peak of a candidate that the profile predicts
     to fit (e.g. a full profile of that configuration); a candidate whose checked peak is over
     the budget is skipped, and the next smaller one is tried: the planner never refuses while a
-    smaller micro-batch fits. Raises `ValueError`
+    smaller micro-batch fits. Without `verify`, a plan whose micro-batch is below the smallest size
+    the profile measured (`MemoryProfile.micro_batches`) says so in its reason: that peak is
+    extended from larger sizes, not measured. Raises `ValueError`
     for a budget or effective batch that is not positive, for a `min_micro_batch` above the
     effective batch, and when nothing fits: that message names the floor in bytes, says whether
     the floor, the optimizer step or the minimum micro-batch is what does not fit, and lists the
@@ -193,7 +209,7 @@ def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
                f"{effective_batch}, that fits without checkpointing, so accumulate {k} micro-steps and "
                "spend no recompute")
         reason = (f"Micro-batch {b}: {why} (predicted peak {_mb(peak)} of {_mb(budget)}). {_step(4)}"
-                  + _skipped(skipped, budget))
+                  + _skipped(skipped, budget) + _unmeasured(plain, b, verify))
         return Plan(b, k, False, peak, reason, budget)
     smallest = plain.predict_peak(sizes[-1], accumulation_steps=effective_batch // sizes[-1])
     if checkpointed is not None:
@@ -204,7 +220,8 @@ def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
             reason = (f"Micro-batch {b} with checkpointing: without it even micro-batch {sizes[-1]} would "
                       f"peak at {_mb(smallest)}, over the {_mb(budget)} budget; checkpointing brings "
                       f"micro-batch {b} to {_mb(peak)}, and {k} accumulation steps make the batch of "
-                      f"{effective_batch}. {_step(5)}" + _skipped(skipped, budget))
+                      f"{effective_batch}. {_step(5)}" + _skipped(skipped, budget)
+                      + _unmeasured(checkpointed, b, verify))
             return Plan(b, k, True, peak, reason, budget)
     raise ValueError(_refusal(budget, effective_batch, sizes[-1], min_micro_batch, smallest, plain,
                               checkpointed) + _skipped(skipped, budget))

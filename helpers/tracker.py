@@ -302,9 +302,14 @@ class MemoryTracker(OpObserver):
         self._mark_state()
 
     # -- results -----------------------------------------------------------
-    def mark(self, label: str) -> int:
-        """Remember the current point of the timeline under `label`; return live bytes."""
-        gc.collect()
+    def mark(self, label: str, *, collect: bool = True) -> int:
+        """Remember the current point of the timeline under `label`; return live bytes.
+
+        `collect=False` skips the garbage collection (for a mark made inside backward, where a
+        collection would end cyclic garbage at another point than an unmarked run does).
+        """
+        if collect:
+            gc.collect()
         self.marks.append((self.clock, label))
         self.mark_ns.append(time.time_ns())
         return self.current_bytes

@@ -44,6 +44,8 @@ TESTS = {
                             "tests/lessons/test_lesson05.py"),
     "helpers/saved_tensors.py": "tests/test_saved_tensors.py",
     "helpers/phases.py": "tests/test_phases.py",
+    # the presets' exact peaks, against full profiles of the same configs (tests/test_plan_report.py)
+    "helpers/peak_envelope.py": "tests/test_plan_report.py",
 }
 PYTEST = "-x -q -p no:cacheprovider --assert=plain"  # a verdict needs no rewritten asserts
 DISABLED_TYPES = ("fstring", "decorator")  # scripts/mutate.sh passes these to --disable-mutation-types
