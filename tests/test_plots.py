@@ -12,7 +12,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import pytest
 
-from helpers import plots
+from helpers import plot_layout, plots
 from helpers.phases import ConfigMemory
 from helpers.plots import plot_measured_table
 
@@ -101,46 +101,6 @@ def _fig(width: float = 7.5, height: float = 3.6) -> tuple[plt.Figure, plt.Axes]
     return fig, ax
 
 
-def test_layout_problems_finds_a_clipped_title_and_passes_a_clean_figure() -> None:
-    fig, ax = _fig(3, 2)
-    ax.plot([0, 1], [0, 1])
-    ax.set_title("a title far too long to fit inside a figure three inches wide")
-    fig.tight_layout()
-    problems = plots.layout_problems(fig)
-    plt.close(fig)
-    assert any("title" in p and "cut" in p for p in problems), problems
-    fig, ax = _fig()
-    ax.plot([0, 1], [0, 1], label="line")
-    ax.set_title("fits")
-    ax.legend(loc="upper left")
-    fig.tight_layout()
-    assert plots.layout_problems(fig) == []
-    plt.close(fig)
-
-
-def test_layout_problems_finds_a_legend_over_bars_powers_small_text_and_overlapping_ticks() -> None:
-    fig, ax = _fig()
-    ax.bar(range(5), [5] * 5, label="bars")
-    ax.legend(loc="center")
-    fig.tight_layout()
-    assert any("legend covers" in p for p in plots.layout_problems(fig))
-    plt.close(fig)
-    fig, ax = _fig()
-    ax.plot([1, 2, 4, 8], [1, 2, 3, 4])
-    ax.set_xscale("log", base=2)
-    ax.set_ylabel("tiny", fontsize=6)
-    fig.tight_layout()
-    problems = plots.layout_problems(fig)
-    plt.close(fig)
-    assert any("power" in p for p in problems) and any("6 pt" in p for p in problems), problems
-    fig, ax = _fig(3, 2)
-    ax.plot([1, 2, 3], [1, 2, 3])
-    ax.set_xticks([1, 2, 3], ["a long label one", "a long label two", "a long label three"])
-    problems = plots.layout_problems(fig)
-    plt.close(fig)
-    assert any("overlap" in p for p in problems), problems
-
-
 def test_show_raises_on_a_clipped_figure_only_under_strict(monkeypatch: pytest.MonkeyPatch) -> None:
     def clipped() -> plt.Figure:
         fig, ax = _fig(2, 1.5)
@@ -167,8 +127,8 @@ def test_plain_ticks_writes_log_ticks_as_plain_numbers() -> None:
     plots.plain_ticks(lin)  # a linear axis is left alone
     fig.tight_layout()
     assert not [p for p in plots.layout_problems(fig) if "power" in p]
-    assert [t.get_text() for t in plots._drawn_ticks(ax.xaxis)] == ["1", "2", "4", "8", "16", "32"]  # noqa: SLF001
-    assert "0.01" in [t.get_text() for t in plots._drawn_ticks(ax.yaxis)]  # noqa: SLF001
+    assert [t.get_text() for t in plot_layout._drawn_ticks(ax.xaxis)] == ["1", "2", "4", "8", "16", "32"]  # noqa: SLF001
+    assert "0.01" in [t.get_text() for t in plot_layout._drawn_ticks(ax.yaxis)]  # noqa: SLF001
     with pytest.raises(ValueError, match="axis"):
         plots.plain_ticks(ax, "z")
     plt.close(fig)
