@@ -33,6 +33,7 @@ TESTS = {
     "helpers/tokens.py": "tests/test_tokens.py",
     "helpers/token_loss.py": "tests/test_tokens.py",
     "helpers/checkpointing.py": "tests/test_checkpointing.py tests/test_saved_tensors.py",
+    "helpers/segments.py": "tests/test_segments.py",
     "helpers/planner.py": "tests/test_planner.py",
     "helpers/memory_profile.py": "tests/test_planner.py tests/test_profiler_independent.py",
     "helpers/estimates.py": "tests/test_planner.py",

@@ -11,14 +11,7 @@ import torch
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from helpers import plots
-from helpers.checkpointing import (
-    EXERCISE_CHAIN,
-    apply_ac,
-    chain_layer_costs,
-    divisors,
-    make_chain,
-    segment_sweep,
-)
+from helpers.checkpointing import apply_ac
 from helpers.costs import Timing, count_flops, interleaved_times
 from helpers.data import token_batch
 from helpers.device import SCALES, by_scale
@@ -34,6 +27,7 @@ from helpers.models import (
     explainer_model,
 )
 from helpers.phases import measure_update
+from helpers.segments import EXERCISE_CHAIN, chain_layer_costs, divisors, make_chain, segment_sweep
 from helpers.training import OPTIMIZERS, lm_loss
 from helpers.validate import answer_number, bool_arg, choice, instance_arg, int_at_least, positive_int
 
