@@ -1,27 +1,18 @@
-"""Lesson 02's instruments (lesson 02, notebooks/02_activation_checkpointing.ipynb): checkpointing, measured.
+"""Activation checkpointing as the lessons apply it (lesson 02, and every measurement that checkpoints).
 
-- `saved_tensor_table`, `korthikanti_terms`, `bytes_by_term`, `dropout_mask_bytes`,
-  `attention_core_policy`, `save_matmul_outputs` (defined in `helpers.saved_tensors`):
-  what autograd keeps for one block, beside Korthikanti et al.'s per-layer formula,
-  and the selective policies.
-- `count_flops`: FLOPs of a callable, from `torch.utils.flop_counter`; `blocks_forward_flops`:
-  one forward of a GPT's blocks, the most a full recompute costs;
-  (timing: `helpers.costs.interleaved_times`).
 - `apply_ac(model, mode, every)`: THE way to checkpoint a model's blocks, a context manager
   (torchtitan's `apply_ac` style: one entry point, the policy as configuration), restored on exit;
   `make_block_wrapper`: the `model.block_wrapper` it sets for a mode in `POLICIES`;
   `blocks_of`: a model's repeated blocks (for models without `block_wrapper`).
 - `checkpoint_with`, `params_without_grad`: the reentrant trap (frozen inputs).
-- `make_chain`, `chain_layer_costs`, `segment_sweep`, `segment_sizes`: the sqrt(n)
-  experiment with `checkpoint_sequential`, and its uneven last segment.
 - `freeze_batchnorm_stats`: the fix for BatchNorm's double update.
-- `TradeOffLab`: the pure functions behind the lesson's widget (B, K, checkpointing).
-- Sizes per scale (`block_shape`, `deep_gpt_setup`, `selective_shape`, `chain_shape`),
-  `predicted_peak_bytes` and `widget_latency_cases` (the per-lesson protocol),
-  and the exercise checkers `check_exercise_1` ... `check_exercise_4`.
+- Re-exported from `helpers.segments`: the sqrt(n) experiment with `checkpoint_sequential`
+  (`make_chain`, `chain_layer_costs`, `segment_cost`, `segment_sweep`, `segment_sizes`, `divisors`).
 
-The checkpoint calls the lesson teaches are written out in the notebook; the
-wrappers here exist so that sweeps and the widget can switch policy.
+Elsewhere: what autograd keeps per op and Korthikanti's formula in `helpers.saved_tensors`,
+FLOPs and timing in `helpers.costs`, the lesson's sizes, widget and exercises in
+`helpers.lessons.lesson02`. The checkpoint calls the lesson teaches are written out in the
+notebook; the wrappers here exist so that sweeps and the widget can switch policy.
 """
 
 from __future__ import annotations
@@ -66,11 +57,6 @@ __all__ = [
 ]
 
 POLICIES = ("none", "full", "save-matmuls", "attention-core")
-
-# ---------------------------------------------------------------------------
-# Cost: FLOPs
-# ---------------------------------------------------------------------------
-
 
 # ---------------------------------------------------------------------------
 # Policies as block wrappers
@@ -212,16 +198,6 @@ def params_without_grad(model: nn.Module) -> list[str]:
 
 
 # ---------------------------------------------------------------------------
-# Time: shown, never asserted
-# ---------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------
-# Segments and sqrt(n)
-# ---------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------
 # Pitfalls
 # ---------------------------------------------------------------------------
 
@@ -257,18 +233,3 @@ def freeze_batchnorm_stats(model: nn.Module) -> Iterator[None]:
             if count is not None:
                 with torch.no_grad():
                     m.num_batches_tracked.copy_(count)
-
-
-# ---------------------------------------------------------------------------
-# Sizes per scale (one source for the notebook and for `predicted_peak_bytes`)
-# ---------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------
-# Widget: B, K and checkpointing, beside the explainer's three rows
-# ---------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------
-# Exercise checkers: they return a message and never raise for a wrong answer
-# ---------------------------------------------------------------------------
