@@ -21,7 +21,7 @@ from helpers.plot_layout import MIN_FONT_PT, layout_problems
 from helpers.validate import positive_int
 
 if TYPE_CHECKING:
-    from helpers.phases import ConfigMemory
+    from helpers.update_memory import ConfigMemory
 
 __all__ = [
     "BUDGET_LABEL", "COLORS", "MIN_FONT_PT", "PHASE_SHADES", "STYLE", "UNITS", "byte_unit", "figure",

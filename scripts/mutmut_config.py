@@ -45,6 +45,7 @@ TESTS = {
                             "tests/lessons/test_lesson05.py"),
     "helpers/saved_tensors.py": "tests/test_saved_tensors.py",
     "helpers/phases.py": "tests/test_phases.py",
+    "helpers/update_memory.py": "tests/test_update_memory.py tests/test_formulas.py",
 }
 PYTEST = "-x -q -p no:cacheprovider --assert=plain"  # a verdict needs no rewritten asserts
 DISABLED_TYPES = ("fstring", "decorator")  # scripts/mutate.sh passes these to --disable-mutation-types

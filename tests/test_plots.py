@@ -13,8 +13,8 @@ import matplotlib.pyplot as plt
 import pytest
 
 from helpers import plot_layout, plots
-from helpers.phases import ConfigMemory
 from helpers.plots import plot_measured_table
+from helpers.update_memory import ConfigMemory
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -26,9 +26,9 @@ from helpers.models import (
     explainer_config,
     explainer_model,
 )
-from helpers.phases import measure_update
 from helpers.segments import EXERCISE_CHAIN, chain_layer_costs, divisors, make_chain, segment_sweep
 from helpers.training import OPTIMIZERS, lm_loss
+from helpers.update_memory import measure_update
 from helpers.validate import answer_number, bool_arg, choice, instance_arg, int_at_least, positive_int
 
 __all__ = [
@@ -147,7 +147,7 @@ def predicted_peak_bytes(scale: str) -> int:
 class TradeOff:
     """One configuration: micro-batch B, K accumulation steps, with or without checkpointing.
 
-    Memory comes from a measured update (`helpers.phases.measure_update`), FLOPs
+    Memory comes from a measured update (`helpers.update_memory.measure_update`), FLOPs
     from FlopCounterMode on one micro-step times K, time from interleaved
     micro-step timings times K (shown, not asserted).
     """

@@ -253,7 +253,7 @@ def test_trade_off_lab_defaults_smallest_controls_and_messages() -> None:
 
 def test_trade_off_lab_measures_memory_on_at_most_two_micro_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Memory comes from an update of min(K, 2) micro-steps, measured once per (B, min(K, 2), on)."""
-    from helpers.phases import measure_update
+    from helpers.update_memory import measure_update
 
     steps_measured: list[int] = []
 
