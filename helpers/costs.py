@@ -5,24 +5,37 @@ never asserted).
 - `count_ops(fn)`: aten ops dispatched (kernel launches), with a `helpers.dispatch.OpObserver`.
 - `interleaved_times(fns)` -> {name: `Timing`}: THE timing helper (warmed up, interleaved);
   `Timing` holds seconds, and `Timing.per_second(n)` the same runs as a rate.
+- `throughput_sweep(model, loss_fn, inputs, targets, sizes)`: examples per second of one
+  accumulated update per micro-batch size, timed by `interleaved_times` (lesson 03).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from helpers.accumulation import (
+    LossFn,
+    accumulated_grad,
+    check_batch,
+    check_micro_batch,
+    clear_grads,
+)
 from helpers.device import synchronize
 from helpers.dispatch import OpObserver
 from helpers.memory import run_or_oom
 from helpers.models import GPT, device_of
 from helpers.validate import bool_arg, callable_arg, instance_arg, int_at_least, positive_int
 
-__all__ = ["Timing", "blocks_forward_flops", "count_flops", "count_ops", "interleaved_times"]
+__all__ = [
+    "Timing", "blocks_forward_flops", "count_flops", "count_ops", "interleaved_times", "throughput_sweep",
+]
 
 
 def count_flops(fn: Callable[[], object]) -> int:
@@ -167,3 +180,40 @@ def interleaved_times(
         times = sorted(samples[name])
         out[name] = Timing(times[len(times) // 2], times[0], times[-1], len(times))
     return out
+
+
+def throughput_sweep(
+    model: nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor,
+    micro_batches: Sequence[int], *, rounds: int = 5,
+) -> dict[int, Timing | None]:
+    """Examples per second of one accumulated update over all of `inputs`, per micro-batch size.
+
+    Timed by `helpers.costs.interleaved_times`: every size runs once to warm up; then
+    `rounds` rounds each time every size once, interleaved, so that a slow spell of a
+    shared machine hits all sizes alike. Timings are for showing, never for asserting.
+
+    Args:
+        model: the model.
+        loss_fn: `loss_fn(model(x), y)` -> a mean loss.
+        inputs, targets: the effective batch.
+        micro_batches: the sizes to time (each 1 to the batch).
+        rounds: timed rounds.
+
+    Returns:
+        {size: `Timing.per_second` (the median and the range, slowest to fastest round), or
+        None for an out-of-memory size}.
+
+    Raises:
+        ValueError: if `micro_batches` is empty.
+    """
+    n = check_batch(inputs, targets)
+    positive_int("rounds", rounds)
+    sizes = list(micro_batches)
+    if not sizes:
+        raise ValueError("micro_batches is empty; give at least one micro-batch size")
+    for m in sizes:
+        check_micro_batch(m, n)
+    work = {m: partial(accumulated_grad, model, loss_fn, inputs, targets, m) for m in sizes}
+    times = interleaved_times(work, device=device_of(model), repeats=rounds, warmup=1, skip_oom=True)
+    clear_grads(model)
+    return {m: times[m].per_second(n) if m in times else None for m in sizes}

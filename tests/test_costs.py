@@ -6,9 +6,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import costs
-from helpers.models import GPT, GPTConfig
+from helpers.data import regression_batch
+from helpers.models import GPT, GPTConfig, ResidualMLP
 
 
 def test_count_flops_linear() -> None:
@@ -142,3 +144,42 @@ def test_count_ops_counts_each_aten_op_once() -> None:
     assert costs.count_ops(lambda: (x + 1) * 2) == 2
     with pytest.raises(TypeError, match="fn"):
         costs.count_ops(3)  # type: ignore[arg-type]
+
+
+def mlp_case() -> tuple[torch.nn.Module, Callable, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    x, y = regression_batch(24, 8, 3, seed=1)
+    return ResidualMLP(8, 32, 2, 3), F.mse_loss, x, y
+
+
+def test_throughput_sweep_reports_median_and_spread():
+    model, fn, x, y = mlp_case()
+    res = costs.throughput_sweep(model, fn, x, y, [4, 24], rounds=3)
+    for t in res.values():
+        assert t is not None and t.runs == 3 and t.low <= t.median <= t.high
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError, match="rounds"):
+        costs.throughput_sweep(model, fn, x, y, [4], rounds=0)
+    with pytest.raises(ValueError, match="larger than the batch"):
+        costs.throughput_sweep(model, fn, x, y, [25])
+
+
+def test_throughput_sweep_with_a_step_of_known_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake clock that moves only inside the update, by known seconds (issue 16: an inverted
+    examples-per-second, or a median without sorting, passed a test that asserted only > 0)."""
+    now = [0.0]
+    cost = {2: [9.0, 0.2, 0.4, 0.25], 8: [9.0, 1.0, 1.0, 1.0]}  # warm-up first (not timed), 3 rounds
+
+    def fake_update(model, loss_fn, inputs, targets, micro_batch):  # noqa: ANN001, ANN202
+        now[0] += cost[micro_batch].pop(0)
+        return torch.zeros(1)
+
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(costs, "accumulated_grad", fake_update)
+    model, fn, x, y = mlp_case()
+    n = x.shape[0]
+    res = costs.throughput_sweep(model, fn, x, y, [2, 8], rounds=3)
+    t2, t8 = res[2], res[8]
+    assert (t2.median, t2.low, t2.high, t2.runs) == pytest.approx((n / 0.25, n / 0.4, n / 0.2, 3))
+    assert (t8.median, t8.low, t8.high, t8.runs) == pytest.approx((n / 1.0, n / 1.0, n / 1.0, 3))
+    assert cost == {2: [], 8: []}  # one warm-up and three rounds each
