@@ -9,7 +9,8 @@ otherwise read badly there, and each has one helper here:
 - `explore(fn, note=..., **controls)`: an `ipywidgets.interactive` widget whose plain-text
   fallback says what it is, after one static call of `fn` with the controls' default values,
   so the saved notebook shows the default state as a figure or table beside the widget.
-- `markdown_table(headers, rows)`: a table as Markdown, which wraps, instead of cut text.
+- `markdown_table(headers, rows)`: a table as Markdown, which wraps, instead of cut text;
+  `text_table(rows, header)`: a plain-text table for `print`, its columns padded to their widest cell.
 
 Works with ipywidgets 7.7 (Colab) and 8, and without a browser (nothing waits for a frontend).
 """
@@ -23,7 +24,7 @@ from typing import TypeVar
 
 from helpers.validate import callable_arg
 
-__all__ = ["explore", "in_notebook", "markdown_table", "progress", "widget_bundle"]
+__all__ = ["explore", "in_notebook", "markdown_table", "progress", "text_table", "widget_bundle"]
 
 T = TypeVar("T")
 BAR_WIDTH = 20
@@ -154,4 +155,21 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 
     lines = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def text_table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+    """A plain-text table that reads in a saved notebook: columns padded to their widest cell.
+
+    Args:
+        rows: the rows' cells.
+        header: the column names.
+
+    Returns:
+        The table's text.
+    """
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

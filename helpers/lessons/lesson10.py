@@ -6,7 +6,8 @@ frameworks), `helpers.hf` (Transformers), `helpers.accel` (Accelerate),
 and `helpers.tradeoffs` (optimizer in backward, chunked loss, offloading).
 
 - Sizes: `lesson_sizes(scale)` -> `Sizes`; `gpt_config(sizes)`, `lm_samples(sizes, n)`.
-- Text and figures: `framework_table()`, `table(rows, header)`, `plot_pareto(curve, others)`.
+- Text and figures: `framework_table()`, `plot_pareto(curve, others)`; tables print with
+  `helpers.display.text_table`.
 - Widgets: `show_accumulate(micro_batch, steps)` (Accelerate against lesson 05's loop) and
   `BudgetExplorer(sizes, device, curve)` (the compiler's budget at a micro-batch size).
 - Exercises: `check_exercise_1` ... `check_exercise_4`.
@@ -23,6 +24,7 @@ import torch
 from helpers import compiled, frameworks, plots
 from helpers.accumulation import compare_grads
 from helpers.device import SCALES
+from helpers.display import text_table
 from helpers.formulas import korthikanti_terms
 from helpers.models import GPT, GPTConfig, seeded_gpt
 from helpers.tokens import count_valid_tokens, fixed_step, split_micro_batches, variable_length_sequences
@@ -42,7 +44,6 @@ __all__ = [
     "plot_pareto",
     "predicted_peak_bytes",
     "show_accumulate",
-    "table",
     "token_gpt_config",
     "warmup",
     "widget_latency_cases",
@@ -155,23 +156,6 @@ def warmup(steps: int) -> Callable[[int], float]:
 
 
 # -- text and figures --------------------------------------------------------------------------
-def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
-    """A plain-text table that reads in a saved notebook: columns padded to their widest cell.
-
-    Args:
-        rows: the rows' cells.
-        header: the column names.
-
-    Returns:
-        The table's text.
-    """
-    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def framework_table() -> str:
     """Each framework's installed version and the seconds its import took in this kernel.
 
@@ -183,7 +167,7 @@ def framework_table() -> str:
         seconds = frameworks.IMPORT_SECONDS.get(name)
         rows.append((name, version or "not installed",
                      "-" if seconds is None else f"{seconds:.1f} s"))
-    return table(rows, ("framework", "version", "import here, in this order (shared parts count once)"))
+    return text_table(rows, ("framework", "version", "import here, in this order (shared parts count once)"))
 
 
 def plot_pareto(curve: Sequence[compiled.RecomputePoint], others: Sequence[compiled.RecomputePoint],
@@ -289,7 +273,7 @@ def show_accumulate(micro_batch: int = 4, steps: int = 4, *, scale: str = "small
     print(f"effective batch B x K = {micro_batch} x {steps} = {micro_batch * steps} padded sequences")
     print("sync_gradients per micro-step: " + " ".join("S" if s else "." for s in syncs)
           + f"  ({sum(syncs)} sync, {len(syncs) - sum(syncs)} accumulate-only)")
-    print(table([("token mean of each micro-batch (naive)", f"{naive:.2e}"),
+    print(text_table([("token mean of each micro-batch (naive)", f"{naive:.2e}"),
                  ("accel.token_loss (group count x K)", f"{recipe:.2e}")],
                 ("loss passed to accelerator.backward", "max_rel vs lesson 05's loop")))
 
