@@ -131,6 +131,14 @@ def explore(fn: Callable[..., object], /, *, note: str = "", static: bool = True
     return widget
 
 
+def _check_cells(headers: Sequence[object], rows: Sequence[Sequence[object]]) -> None:
+    if not headers:
+        raise ValueError("headers is empty: give one name per column")
+    for i, row in enumerate(rows):
+        if len(row) != len(headers):
+            raise ValueError(f"row {i} has {len(row)} cells for {len(headers)} headers")
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A Markdown table (pipes in cells escaped) that wraps in a notebook, on GitHub and in HTML.
 
@@ -144,11 +152,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     Raises:
         ValueError: if `headers` is empty or a row has the wrong number of cells.
     """
-    if not headers:
-        raise ValueError("headers is empty: give one name per column")
-    for i, row in enumerate(rows):
-        if len(row) != len(headers):
-            raise ValueError(f"row {i} has {len(row)} cells for {len(headers)} headers")
+    _check_cells(headers, rows)
 
     def cell(v: object) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
@@ -167,7 +171,11 @@ def text_table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
 
     Returns:
         The table's text.
+
+    Raises:
+        ValueError: if `header` is empty or a row has the wrong number of cells.
     """
+    _check_cells(header, rows)
     cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
