@@ -235,26 +235,10 @@ def accumulate_errors(micro_batch: int, steps: int, *, scale: str = "small",
     n_group = count_valid_tokens([mb.labels for mb in mbs])
     errors, syncs = [], []
     for loss_fn in (lm_loss, lambda lg, lb: accel.token_loss(lg, lb, n_group, steps)):
-        accelerator = accel.fresh_accelerator(steps, device=device)
-        probe = _GradientProbe(model.parameters())
-        prepared, opt = accelerator.prepare(model, probe)
-        syncs = accel.accumulate_run(accelerator, prepared, opt, [(mb.input_ids, mb.labels) for mb in mbs],
-                                     loss_fn)
-        model.zero_grad(set_to_none=True)
-        errors.append(compare_grads(reference, probe.seen[-1]).max_rel)
+        syncs, grad = accel.stepped_gradient(model, [(mb.input_ids, mb.labels) for mb in mbs], loss_fn, steps,
+                                             device=device)
+        errors.append(compare_grads(reference, grad).max_rel)
     return syncs, errors[0], errors[1]
-
-
-class _GradientProbe(torch.optim.Optimizer):
-    """An 'optimizer' whose step records the flat gradient it would apply and changes nothing."""
-
-    def __init__(self, params: object) -> None:
-        super().__init__(params, {})
-        self.seen: list[torch.Tensor] = []
-
-    @torch.no_grad()
-    def step(self, closure: object = None) -> None:  # noqa: ARG002 - the Optimizer signature
-        self.seen.append(torch.cat([p.grad.flatten() for g in self.param_groups for p in g["params"]]))
 
 
 def show_accumulate(micro_batch: int = 4, steps: int = 4, *, scale: str = "small",
