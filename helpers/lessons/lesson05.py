@@ -27,6 +27,7 @@ from helpers import plots
 from helpers.accumulation import cleared_grads, compare_grads, flat_grad
 from helpers.device import SCALES
 from helpers.formulas import gpt_param_count, predicted_step_peak_bytes
+from helpers.lessons import not_answered
 from helpers.models import GPT, GPTConfig
 from helpers.tokens import (
     IGNORE_INDEX,
@@ -266,14 +267,10 @@ def plot_training_curves(logged: dict[str, Sequence[float]],
 
 
 # -- exercises -----------------------------------------------------------------------------
-def _not_answered(what: str) -> str:
-    return f"Not answered yet: {what}"
-
-
 def check_exercise_1(answer: object) -> str:
     """Exercise 1: does sorting by length make the naive error 'larger', 'smaller' or 'same'?"""
     if answer is None:
-        return _not_answered("pass 'larger', 'smaller' or 'same'.")
+        return not_answered("pass 'larger', 'smaller' or 'same'.")
     word = str(answer).strip().lower()
     if word == "larger":
         return ("Correct: sorting puts the long sequences in one micro-batch and the short ones in "
@@ -290,7 +287,7 @@ def check_exercise_2(naive_logged_loss: object, count_raises: object) -> str:
     """Exercise 2: the naive loop's logged loss with an all-padding micro-batch, and
     whether `count_valid_tokens` raised for an all-padding group (True/False)."""
     if naive_logged_loss is None or count_raises is None:
-        return _not_answered("pass naive_step(...).loss and True/False.")
+        return not_answered("pass naive_step(...).loss and True/False.")
     parts = []
     if isinstance(naive_logged_loss, int | float) and math.isnan(naive_logged_loss):
         parts.append("Correct for the naive loop: the empty micro-batch's token mean is 0 / 0, so "
@@ -318,7 +315,7 @@ def check_exercise_3(answer: object) -> str:
     `answer` is an iterable of the variants' names as the notebook spells them.
     """
     if answer is None:
-        return _not_answered("pass the names of the matching variants, e.g. {'...', '...'}.")
+        return not_answered("pass the names of the matching variants, e.g. {'...', '...'}.")
     if isinstance(answer, str) or not isinstance(answer, Iterable):
         return "Pass a set or list of variant names, e.g. {'global count, x W'}."
     given = {str(a).strip() for a in answer}
@@ -343,7 +340,7 @@ def check_exercise_4(loss_fn: object) -> str:
     per-sequence objective (each sequence's token mean, averaged over sequences).
     """
     if loss_fn is None:
-        return _not_answered("pass your function loss_fn(logits, labels, num_sequences_in_group).")
+        return not_answered("pass your function loss_fn(logits, labels, num_sequences_in_group).")
     if not callable(loss_fn):
         return f"Pass a function, got {type(loss_fn).__name__}."
     model = tiny_lm(vocab_size=16, max_len=12, d_model=16, n_layers=1, seed=0)

@@ -26,6 +26,7 @@ from helpers.accumulation import compare_grads
 from helpers.device import SCALES
 from helpers.display import text_table
 from helpers.formulas import korthikanti_terms
+from helpers.lessons import not_answered
 from helpers.models import GPT, GPTConfig, seeded_gpt
 from helpers.tokens import count_valid_tokens, fixed_step, split_micro_batches, variable_length_sequences
 from helpers.validate import answer_number, choice, number_in_range, positive_int
@@ -307,17 +308,13 @@ class BudgetExplorer:
 
 
 # -- exercises ---------------------------------------------------------------------------------
-def _not_answered(what: str) -> str:
-    return f"Not answered yet: {what}"
-
-
 def check_exercise_1(fraction: object) -> str:
     """Exercise 1: the second update's learning rate (a fraction of `learning_rate`) under the
     Trainer's default schedule, with `max_steps=2`. The checker asks the installed Transformers'
     own scheduler (`transformers.get_scheduler`), the one the Trainer builds."""
     value = answer_number(fraction)
     if value is None:
-        return _not_answered("pass a number, e.g. 0.25 for a quarter of the learning rate.")
+        return not_answered("pass a number, e.g. 0.25 for a quarter of the learning rate.")
     import transformers
 
     from helpers.hf import SWITCHED_OFF
@@ -341,7 +338,7 @@ def check_exercise_2(second_lr: object, *, scale: str = "small") -> str:
     """Exercise 2: the second update's learning rate if the scheduler stepped every micro-batch."""
     value = answer_number(second_lr)
     if value is None:
-        return _not_answered("pass a learning rate (a number).")
+        return not_answered("pass a learning rate (a number).")
     s = lesson_sizes(scale)
     right, per_update = s.lr * warmup(4 * s.k)(s.k), s.lr * warmup(4 * s.k)(1)
     if abs(value - right) <= 1e-9 + 1e-6 * right:
@@ -356,7 +353,7 @@ def check_exercise_2(second_lr: object, *, scale: str = "small") -> str:
 def check_exercise_3(policy: object) -> str:
     """Exercise 3: the `CheckpointPolicy` that lets torch.compile save less than the policy asked."""
     if policy is None:
-        return _not_answered("pass a CheckpointPolicy or its name, e.g. 'MUST_SAVE'.")
+        return not_answered("pass a CheckpointPolicy or its name, e.g. 'MUST_SAVE'.")
     name = str(getattr(policy, "name", policy)).strip().upper().removeprefix("CHECKPOINTPOLICY.")
     if name == "PREFER_SAVE":
         return ("Correct: PREFER_SAVE. The partitioner treats it as no constraint and keeps only its own "
@@ -375,7 +372,7 @@ def check_exercise_4(steps: object, *, scale: str = "small") -> str:
     """Exercise 4: optimizer steps each parameter takes in one update of K micro-batches, in backward."""
     value = answer_number(steps)
     if value is None:
-        return _not_answered("pass a number: read optimizers[p].state[p]['step'] after one update.")
+        return not_answered("pass a number: read optimizers[p].state[p]['step'] after one update.")
     k = lesson_sizes(scale).k
     if value == k:
         return (f"Correct: {k}. Each micro-batch's backward completes every gradient once, and the hook "
