@@ -6,8 +6,8 @@ frameworks), `helpers.hf` (Transformers), `helpers.accel` (Accelerate),
 and `helpers.tradeoffs` (optimizer in backward, chunked loss, offloading).
 
 - Sizes: `lesson_sizes(scale)` -> `Sizes`; `gpt_config(sizes)`, `lm_samples(sizes, n)`.
-- Text and figures: `framework_table()`, `plot_pareto(curve, others)`; tables print with
-  `helpers.display.text_table`.
+- Figures: `plot_pareto(curve, others)`; tables print with `helpers.display.text_table`, the
+  frameworks' versions with `helpers.frameworks.versions_table`.
 - Widgets: `show_accumulate(micro_batch, steps)` (Accelerate against lesson 05's loop) and
   `BudgetExplorer(sizes, device, curve)` (the compiler's budget at a micro-batch size).
 - Exercises: `check_exercise_1` ... `check_exercise_4`.
@@ -38,7 +38,6 @@ __all__ = [
     "check_exercise_2",
     "check_exercise_3",
     "check_exercise_4",
-    "framework_table",
     "gpt_config",
     "lesson_sizes",
     "lm_samples",
@@ -157,20 +156,6 @@ def warmup(steps: int) -> Callable[[int], float]:
 
 
 # -- text and figures --------------------------------------------------------------------------
-def framework_table() -> str:
-    """Each framework's installed version and the seconds its import took in this kernel.
-
-    Returns:
-        The plain-text table.
-    """
-    rows = []
-    for name, version in frameworks.versions().items():
-        seconds = frameworks.IMPORT_SECONDS.get(name)
-        rows.append((name, version or "not installed",
-                     "-" if seconds is None else f"{seconds:.1f} s"))
-    return text_table(rows, ("framework", "version", "import here, in this order (shared parts count once)"))
-
-
 def plot_pareto(curve: Sequence[compiled.RecomputePoint], others: Sequence[compiled.RecomputePoint],
                 *, highlight: compiled.RecomputePoint | None = None, title: str = "") -> object:
     """Saved activation bytes against recompute FLOPs: the compiled budgets and eager policies.
@@ -259,8 +244,8 @@ def show_accumulate(micro_batch: int = 4, steps: int = 4, *, scale: str = "small
     print("sync_gradients per micro-step: " + " ".join("S" if s else "." for s in syncs)
           + f"  ({sum(syncs)} sync, {len(syncs) - sum(syncs)} accumulate-only)")
     print(text_table([("token mean of each micro-batch (naive)", f"{naive:.2e}"),
-                 ("accel.token_loss (group count x K)", f"{recipe:.2e}")],
-                ("loss passed to accelerator.backward", "max_rel vs lesson 05's loop")))
+                      ("accel.token_loss (group count x K)", f"{recipe:.2e}")],
+                     ("loss passed to accelerator.backward", "max_rel vs lesson 05's loop")))
 
 
 # -- widget 2: the compiler's budget -----------------------------------------------------------
