@@ -25,7 +25,7 @@ from helpers import compiled, frameworks, plots
 from helpers.accumulation import compare_grads
 from helpers.device import SCALES
 from helpers.display import text_table
-from helpers.formulas import korthikanti_terms
+from helpers.formulas import gpt_step_peak_bytes
 from helpers.lessons import not_answered
 from helpers.models import GPT, GPTConfig, seeded_gpt
 from helpers.tokens import count_valid_tokens, fixed_step, split_micro_batches, variable_length_sequences
@@ -370,21 +370,15 @@ def predicted_peak_bytes(scale: str) -> int:
     """Predicted peak of lesson 10's largest experiment at `scale`, in bytes (float32).
 
     The larger of: the full (not chunked) cross-entropy, which holds about three logits-sized
-    tensors (logits, softmax, their gradient) beside the head and its gradient; and one step
-    of the lesson's GPT at the widget's largest micro-batch, from Korthikanti's per-layer
-    activations (fp32, CPU masks) plus 16 bytes per parameter and three logits tensors.
+    tensors (logits, softmax, their gradient) beside the head and its gradient; and one Adam
+    step of the lesson's GPT at the widget's largest micro-batch (`gpt_step_peak_bytes`:
+    Korthikanti's per-layer activations in fp32 with CPU masks, 16 bytes per parameter, three
+    logits tensors).
     """
     s = lesson_sizes(scale)
     logits = s.ce_tokens * s.ce_vocab * 4
     ce = 3 * logits + 2 * 4 * s.ce_vocab * s.d_model + 2 * 4 * s.ce_tokens * s.d_model
-    b = max(s.widget_b, s.micro_batch)
-    cfg = gpt_config(s)
-    per_layer = sum(korthikanti_terms(s=cfg.seq_len, b=b, h=cfg.d_model, a=cfg.n_heads, act_bytes=4,
-                                      mask_bytes=4, dropout=False).values())
-    params = sum(p.numel() for p in GPT(cfg).parameters()) if scale in ("tiny", "small") else (
-        12 * cfg.n_layers * cfg.d_model**2 + 2 * cfg.vocab_size * cfg.d_model)
-    gpt = int(cfg.n_layers * per_layer + 16 * params + 3 * b * cfg.seq_len * cfg.vocab_size * 4)
-    return int(max(ce, gpt))
+    return int(max(ce, gpt_step_peak_bytes(gpt_config(s), max(s.widget_b, s.micro_batch))))
 
 
 def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:
