@@ -29,6 +29,7 @@ from helpers.formulas import gpt_step_peak_bytes
 from helpers.lessons import not_answered
 from helpers.models import GPT, GPTConfig, seeded_gpt
 from helpers.tokens import count_valid_tokens, fixed_step, split_micro_batches, variable_length_sequences
+from helpers.training import linear_warmup
 from helpers.validate import answer_number, choice, number_in_range, positive_int
 
 __all__ = [
@@ -45,7 +46,6 @@ __all__ = [
     "predicted_peak_bytes",
     "show_accumulate",
     "token_gpt_config",
-    "warmup",
     "widget_latency_cases",
 ]
 
@@ -140,19 +140,6 @@ def lm_samples(sizes: Sizes, n: int, *, seed: int = 0) -> list[tuple[torch.Tenso
     """
     return variable_length_sequences(positive_int("n", n), sizes.lm["max_len"], sizes.lm["vocab_size"],
                                      spread=SPREAD, seed=seed)
-
-
-def warmup(steps: int) -> Callable[[int], float]:
-    """A linear warmup over `steps` updates, as a `LambdaLR` factor: (u + 1) / steps, then 1.
-
-    Args:
-        steps: warmup updates (>= 1).
-
-    Returns:
-        update -> factor.
-    """
-    positive_int("steps", steps)
-    return lambda u: min(1.0, (u + 1) / steps)
 
 
 # -- text and figures --------------------------------------------------------------------------
@@ -325,14 +312,15 @@ def check_exercise_2(second_lr: object, *, scale: str = "small") -> str:
     if value is None:
         return not_answered("pass a learning rate (a number).")
     s = lesson_sizes(scale)
-    right, per_update = s.lr * warmup(4 * s.k)(s.k), s.lr * warmup(4 * s.k)(1)
+    right, per_update = s.lr * linear_warmup(4 * s.k)(s.k), s.lr * linear_warmup(4 * s.k)(1)
     if abs(value - right) <= 1e-9 + 1e-6 * right:
         return (f"Correct: {right:g}. Stepped per micro-batch, the warmup has advanced K = {s.k} steps "
                 f"by the second update (Lightning issue #1476), instead of 1 ({per_update:g}).")
     if abs(value - per_update) <= 1e-9 + 1e-6 * per_update:
         return (f"That ({per_update:g}) is what Lightning does with interval 'step': one scheduler step "
                 f"per update. Per micro-batch, K = {s.k} steps have passed by the second update.")
-    return "Not quite. The factor is warmup(4K)(u) for scheduler step u; which u is the second update at?"
+    return ("Not quite. The factor is linear_warmup(4K)(u) for scheduler step u; which u is the second "
+            "update at?")
 
 
 def check_exercise_3(policy: object) -> str:
