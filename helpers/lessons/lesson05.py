@@ -4,7 +4,8 @@ The data, losses and measured steps the lesson teaches are in `helpers.tokens`.
 
 - Sizes: `lesson_sizes(scale)` -> `TokenSizes` (data, model, sweeps and widget ranges).
 - Figures: `draw_errors` (gradient errors on a log axis, exact zeros marked),
-  `weight_distance` and `plot_training_curves` (naive vs fix vs full batch over updates).
+  `plot_training_curves` (naive vs fix vs full batch over updates, the drift measured by
+  `helpers.accumulation.weight_distance`).
 - Widget: `show_token_report`, a pure function of (model, B, K, spread).
 - Exercises: `check_exercise_1` to `check_exercise_4`.
 - Per-lesson protocol: `predicted_peak_bytes(scale)` (from `predicted_step_peak_bytes`),
@@ -21,7 +22,6 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
-from torch import nn
 
 from helpers import plots
 from helpers.accumulation import cleared_grads, compare_grads, flat_grad
@@ -45,7 +45,7 @@ from helpers.validate import choice, number_in_range
 __all__ = [
     "ERROR_FLOOR", "TOLERANCE", "TokenSizes", "check_exercise_1", "check_exercise_2", "check_exercise_3",
     "check_exercise_4", "draw_errors", "lesson_sizes", "plot_training_curves", "predicted_peak_bytes",
-    "show_token_report", "weight_distance", "widget_latency_cases",
+    "show_token_report", "widget_latency_cases",
 ]
 
 ERROR_FLOOR = 1e-9  # an exact-zero error is drawn here on a log axis, with its own marker
@@ -208,26 +208,6 @@ def show_token_report(
           f"({r.loss_gap:+.5f}), fixed {r.fixed_loss:.5f}")
     plots.show(_show_report_figure(r))
     return r
-
-
-def weight_distance(model: nn.Module, reference: nn.Module) -> float:
-    """How far two runs have drifted: ||w - w_ref|| / ||w_ref|| over all parameters (float64).
-
-    Args:
-        model: one run's model.
-        reference: the reference run's model, of the same size.
-
-    Returns:
-        The relative distance.
-
-    Raises:
-        ValueError: if the models differ in size.
-    """
-    w = torch.cat([p.detach().double().flatten().cpu() for p in model.parameters()])
-    ref = torch.cat([p.detach().double().flatten().cpu() for p in reference.parameters()])
-    if w.shape != ref.shape:
-        raise ValueError(f"the models differ in size: {w.numel()} and {ref.numel()} parameters")
-    return ((w - ref).norm() / ref.norm()).item()
 
 
 def plot_training_curves(logged: dict[str, Sequence[float]],
