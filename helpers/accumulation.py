@@ -323,7 +323,7 @@ def angle_degrees(reference: torch.Tensor, candidate: torch.Tensor) -> float:
 
 
 def weight_distance(model: nn.Module, reference: nn.Module) -> float:
-    """How far two runs have drifted: ||w - w_ref|| / ||w_ref|| over all parameters (float64).
+    """How far two runs have drifted: ||w - w_ref|| / ||w_ref|| over all parameters (`GradDiff.l2_rel`).
 
     Args:
         model: one run's model.
@@ -335,8 +335,8 @@ def weight_distance(model: nn.Module, reference: nn.Module) -> float:
     Raises:
         ValueError: if the models differ in size.
     """
-    w = torch.cat([p.detach().double().flatten().cpu() for p in model.parameters()])
-    ref = torch.cat([p.detach().double().flatten().cpu() for p in reference.parameters()])
+    w = torch.cat([p.detach().flatten() for p in model.parameters()])
+    ref = torch.cat([p.detach().flatten() for p in reference.parameters()])
     if w.shape != ref.shape:
         raise ValueError(f"the models differ in size: {w.numel()} and {ref.numel()} parameters")
-    return ((w - ref).norm() / ref.norm()).item()
+    return compare_grads(ref, w).l2_rel

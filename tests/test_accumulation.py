@@ -319,3 +319,8 @@ def test_weight_distance_of_two_runs() -> None:
     assert weight_distance(other, model) > 0.1
     with pytest.raises(ValueError, match="differ in size"):
         weight_distance(tiny_lm(vocab_size=16, max_len=8, d_model=32, n_layers=1), model)
+    ref, run = torch.nn.Linear(2, 1, bias=False), torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        ref.weight.copy_(torch.tensor([[3.0, 4.0]]))
+        run.weight.copy_(torch.tensor([[3.0, 0.0]]))
+    assert weight_distance(run, ref) == pytest.approx(4 / 5)  # ||(0, -4)|| / ||(3, 4)||, not 4 / 3
