@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from helpers.update_memory import ConfigMemory
 
 __all__ = [
-    "BUDGET_LABEL", "COLORS", "MIN_FONT_PT", "PHASE_SHADES", "STYLE", "UNITS", "byte_unit", "figure",
-    "format_bytes", "layout_problems",
+    "BUDGET_LABEL", "COLORS", "MIN_FONT_PT", "PHASE_SHADES", "STYLE", "UNITS", "byte_column", "byte_unit",
+    "figure", "format_bytes", "layout_problems",
     "phase_runs", "plain_ticks", "plot_measured_table", "show", "stacked_bars", "timeline", "use_style",
 ]
 
@@ -112,6 +112,36 @@ def byte_unit(max_bytes: float) -> tuple[str, int]:
         if max_bytes >= size:
             return unit, size
     return "B", 1
+
+
+def byte_column(values: Sequence[float], *, unit_of: float | None = None) -> list[str]:
+    """One table column of byte counts, all in one unit: the one that suits the largest value.
+
+    So a column never shows "1.0 MiB" beside "1003.8 KiB". Values under 100 of that unit keep
+    three significant digits ("0.259 MiB", "12.5 KiB"), larger ones one decimal ("1003.8 KiB").
+
+    Args:
+        values: the column's byte counts (at least one).
+        unit_of: take the unit that suits this many bytes instead (e.g. the largest of the
+            whole table, so that every column reads in one unit).
+
+    Returns:
+        One text per value, in order.
+
+    Raises:
+        ValueError: if `values` is empty.
+    """
+    if not values:
+        raise ValueError("values is empty: give at least one byte count")
+    unit, size = byte_unit(max(abs(v) for v in values) if unit_of is None else abs(unit_of))
+
+    def text(v: float) -> str:
+        x = v / size
+        if size == 1:
+            return f"{int(v)} B"
+        return f"{x:.1f} {unit}" if abs(x) >= 100 else f"{x:.3g} {unit}"
+
+    return [text(v) for v in values]
 
 
 def figure(ncols: int = 1, *, width: float = 7.5, height: float = 3.6) -> tuple[Figure, list[Axes]]:

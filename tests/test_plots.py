@@ -58,6 +58,13 @@ def test_format_bytes_and_units() -> None:
     assert plots.format_bytes(-2**30) == "-1.0 GiB"
     assert plots.byte_unit(5 * 2**10) == ("KiB", 2**10)
     assert plots.byte_unit(10) == ("B", 1)
+    # one unit per column, the largest value's: never "1.0 MiB" beside "1003.8 KiB"
+    assert plots.byte_column([264.8 * 2**10, 1059 * 2**10]) == ["0.259 MiB", "1.03 MiB"]
+    assert plots.byte_column([1003.8 * 2**10, 12.5 * 2**10, 0]) == ["1003.8 KiB", "12.5 KiB", "0 KiB"]
+    assert plots.byte_column([1000, 8]) == ["1000 B", "8 B"]
+    assert plots.byte_column([132.4 * 2**10], unit_of=2**20) == ["0.129 MiB"]
+    with pytest.raises(ValueError, match="empty"):
+        plots.byte_column([])
     assert plots.format_flops(469_762_048) == "469.76 MFLOP" and plots.format_flops(3.69e9) == "3.69 GFLOP"
     assert plots.format_flops(12) == "12 FLOP" and plots.format_flops(-2e12) == "-2.00 TFLOP"
 
