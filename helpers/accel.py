@@ -10,7 +10,8 @@ True, and under DDP the first K-1 backwards run inside `no_sync`. Needs the
 - `reset_gradient_state()`, `fresh_accelerator(k)`: the fix for a state an earlier
   Trainer left behind (see the note below).
 - `accumulate_run(accelerator, model, optimizer, micro_batches, loss_fn)`: the
-  accumulate loop, returning `sync_gradients` after every micro-step.
+  accumulate loop, returning `sync_gradients` after every micro-step; `stepped_gradient(...)`:
+  the same loop with a `GradientProbe` for optimizer, and the gradient it would have applied.
 - `token_loss(logits, labels, n_group, k)`: lesson 05's group-token-count loss, scaled by K
   because `accelerator.backward` divides by K.
 - `worker_update(...)`, `two_worker_update(...)`: the same loop in W gloo workers, its
@@ -40,12 +41,14 @@ from helpers.training import IGNORE_INDEX
 from helpers.validate import positive_int
 
 __all__ = [
+    "GradientProbe",
     "GradientStateView",
     "accumulate_run",
     "fresh_accelerator",
     "gradient_state",
     "reset_gradient_state",
     "start_workers",
+    "stepped_gradient",
     "token_loss",
     "two_worker_update",
     "worker_update",
@@ -138,6 +141,48 @@ def accumulate_run(accelerator: object, model: nn.Module, optimizer: torch.optim
             optimizer.step()
             optimizer.zero_grad()
     return syncs
+
+
+class GradientProbe(torch.optim.Optimizer):
+    """An 'optimizer' whose step records the flat gradient it would apply and changes nothing.
+
+    Args:
+        params: the parameters (or parameter groups) it watches.
+    """
+
+    def __init__(self, params: object) -> None:
+        super().__init__(params, {})
+        self.seen: list[torch.Tensor] = []
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:  # noqa: ARG002 - the Optimizer signature
+        self.seen.append(torch.cat([p.grad.flatten() for g in self.param_groups for p in g["params"]]))
+
+
+def stepped_gradient(model: nn.Module, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], k: int, *,
+                     device: torch.device | str = "cpu") -> tuple[list[bool], torch.Tensor]:
+    """Accelerate's accumulate loop over `micro_batches`, and the gradient its optimizer last stepped with.
+
+    A `fresh_accelerator(k)` prepares `model` with a `GradientProbe`, so nothing is updated;
+    the model's gradients are cleared afterwards.
+
+    Args:
+        model: the model (not yet prepared).
+        micro_batches: (inputs, targets) pairs, one per micro-step.
+        loss_fn: `loss_fn(model(inputs), targets)`.
+        k: gradient accumulation steps.
+        device: where the model runs.
+
+    Returns:
+        (`sync_gradients` after each micro-step, the flat gradient of the last step).
+    """
+    accelerator = fresh_accelerator(k, device=device)
+    probe = GradientProbe(model.parameters())
+    prepared, opt = accelerator.prepare(model, probe)  # type: ignore[attr-defined]
+    syncs = accumulate_run(accelerator, prepared, opt, micro_batches, loss_fn)
+    model.zero_grad(set_to_none=True)
+    return syncs, probe.seen[-1]
 
 
 def token_loss(logits: torch.Tensor, labels: torch.Tensor, n_group: int, k: int) -> torch.Tensor:

@@ -12,14 +12,17 @@ The public API (other lessons rely on these names):
   `GradDiff`. Two relative errors, which differ: `max_rel` (max relative: the
   largest elementwise difference over the largest reference entry) and
   `l2_rel` (L2 relative: ||candidate - reference|| / ||reference||).
+- `weight_distance(model, reference)`: how far two runs' weights have drifted apart,
+  ||w - w_ref|| / ||w_ref||.
 - `cleared_grads(model)`: a context manager that sets `.grad` to None on entry
   and on exit, the pattern every gradient function here follows.
 - `trainable_params`, `check_batch`, `check_micro_batch`, `micro_batch_sizes`:
   the argument checks the gradient functions share, public for the lessons'
   instruments.
 
-Lesson 03's instruments and widgets (memory per micro-step, throughput, plots)
-live in `helpers.lessons.lesson03`; lesson 04's pitfalls in `helpers.pitfalls`.
+Lesson 03's widgets and plots live in `helpers.lessons.lesson03`, its throughput sweep in
+`helpers.costs`, the memory per micro-step in `helpers.memory`; lesson 04's pitfalls in
+`helpers.pitfalls`.
 
 Rules shared by the gradient functions:
 
@@ -50,7 +53,7 @@ from helpers.validate import instance_arg, positive_int, tensor_arg
 __all__ = [
     "GradDiff", "LossFn", "accumulated_grad", "angle_degrees", "check_batch", "check_micro_batch",
     "clear_grads", "cleared_grads", "compare_grads", "flat_grad", "full_batch_grad", "group_gradient",
-    "micro_batch_sizes", "trainable_params",
+    "micro_batch_sizes", "trainable_params", "weight_distance",
 ]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -317,3 +320,23 @@ def angle_degrees(reference: torch.Tensor, candidate: torch.Tensor) -> float:
     """
     cosine = compare_grads(reference, candidate).cosine
     return math.degrees(math.acos(max(-1.0, min(1.0, cosine))))
+
+
+def weight_distance(model: nn.Module, reference: nn.Module) -> float:
+    """How far two runs have drifted: ||w - w_ref|| / ||w_ref|| over all parameters (`GradDiff.l2_rel`).
+
+    Args:
+        model: one run's model.
+        reference: the reference run's model, of the same size.
+
+    Returns:
+        The relative distance.
+
+    Raises:
+        ValueError: if the models differ in size.
+    """
+    w = torch.cat([p.detach().flatten() for p in model.parameters()])
+    ref = torch.cat([p.detach().flatten() for p in reference.parameters()])
+    if w.shape != ref.shape:
+        raise ValueError(f"the models differ in size: {w.numel()} and {ref.numel()} parameters")
+    return compare_grads(ref, w).l2_rel

@@ -26,8 +26,8 @@ from helpers.models import (
     deep_gpt_setup,
     param_bytes,
 )
-from helpers.phases import ConfigMemory, activation_sweep, measure_config
 from helpers.training import lm_loss
+from helpers.update_memory import ConfigMemory, activation_sweep, measure_config
 
 
 # -- the checks --------------------------------------------------------------------------

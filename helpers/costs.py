@@ -5,24 +5,44 @@ never asserted).
 - `count_ops(fn)`: aten ops dispatched (kernel launches), with a `helpers.dispatch.OpObserver`.
 - `interleaved_times(fns)` -> {name: `Timing`}: THE timing helper (warmed up, interleaved);
   `Timing` holds seconds, and `Timing.per_second(n)` the same runs as a rate.
+- `throughput_sweep(model, loss_fn, inputs, targets, sizes)`: examples per second of one
+  accumulated update per micro-batch size, timed by `interleaved_times` (lesson 03).
+- `TradeOffs(model).measure(B, K, checkpointed)` -> `TradeOff`: an update's measured memory,
+  counted FLOPs and time, with or without checkpointing (lesson 02's widget).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from helpers.accumulation import (
+    LossFn,
+    accumulated_grad,
+    check_batch,
+    check_micro_batch,
+    clear_grads,
+)
+from helpers.checkpointing import apply_ac
+from helpers.data import token_batch
 from helpers.device import synchronize
 from helpers.dispatch import OpObserver
-from helpers.memory import run_or_oom
+from helpers.memory import StepMemory, run_or_oom
 from helpers.models import GPT, device_of
-from helpers.validate import bool_arg, callable_arg, instance_arg, int_at_least, positive_int
+from helpers.training import OPTIMIZERS, lm_loss
+from helpers.update_memory import measure_update
+from helpers.validate import bool_arg, callable_arg, choice, instance_arg, int_at_least, positive_int
 
-__all__ = ["Timing", "blocks_forward_flops", "count_flops", "count_ops", "interleaved_times"]
+__all__ = [
+    "Timing", "TradeOff", "TradeOffs", "blocks_forward_flops", "count_flops", "count_ops",
+    "interleaved_times", "throughput_sweep",
+]
 
 
 def count_flops(fn: Callable[[], object]) -> int:
@@ -167,3 +187,149 @@ def interleaved_times(
         times = sorted(samples[name])
         out[name] = Timing(times[len(times) // 2], times[0], times[-1], len(times))
     return out
+
+
+def throughput_sweep(
+    model: nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor,
+    micro_batches: Sequence[int], *, rounds: int = 5,
+) -> dict[int, Timing | None]:
+    """Examples per second of one accumulated update over all of `inputs`, per micro-batch size.
+
+    Timed by `helpers.costs.interleaved_times`: every size runs once to warm up; then
+    `rounds` rounds each time every size once, interleaved, so that a slow spell of a
+    shared machine hits all sizes alike. Timings are for showing, never for asserting.
+
+    Args:
+        model: the model.
+        loss_fn: `loss_fn(model(x), y)` -> a mean loss.
+        inputs, targets: the effective batch.
+        micro_batches: the sizes to time (each 1 to the batch).
+        rounds: timed rounds.
+
+    Returns:
+        {size: `Timing.per_second` (the median and the range, slowest to fastest round), or
+        None for an out-of-memory size}.
+
+    Raises:
+        ValueError: if `micro_batches` is empty.
+    """
+    n = check_batch(inputs, targets)
+    positive_int("rounds", rounds)
+    sizes = list(micro_batches)
+    if not sizes:
+        raise ValueError("micro_batches is empty; give at least one micro-batch size")
+    for m in sizes:
+        check_micro_batch(m, n)
+    work = {m: partial(accumulated_grad, model, loss_fn, inputs, targets, m) for m in sizes}
+    times = interleaved_times(work, device=device_of(model), repeats=rounds, warmup=1, skip_oom=True)
+    clear_grads(model)
+    return {m: times[m].per_second(n) if m in times else None for m in sizes}
+
+
+# -- B x K with and without checkpointing: memory, FLOPs and time per update (lesson 02) ------
+@dataclass(frozen=True)
+class TradeOff:
+    """One configuration: micro-batch B, K accumulation steps, with or without checkpointing.
+
+    Memory comes from a measured update (`helpers.update_memory.measure_update`), FLOPs
+    from FlopCounterMode on one micro-step times K, time from interleaved
+    micro-step timings times K (shown, not asserted).
+    """
+
+    micro_batch: int
+    steps: int
+    checkpointed: bool
+    memory: StepMemory
+    flops_per_update: int
+    plain_flops_per_update: int
+    time_per_update: Timing
+
+    @property
+    def effective_batch(self) -> int:
+        """Examples per optimizer update: B x K."""
+        return self.micro_batch * self.steps
+
+    @property
+    def extra_flops(self) -> int:
+        """FLOPs per update beyond the same B x K without checkpointing."""
+        return self.flops_per_update - self.plain_flops_per_update
+
+    @property
+    def label(self) -> str:
+        """E.g. '4 x 8, checkpointed'."""
+        return f"{self.micro_batch} x {self.steps}" + (", checkpointed" if self.checkpointed else "")
+
+
+class TradeOffs:
+    """Measures `TradeOff`s on one model and caches what a slider move does not change.
+
+    - memory: a measured update of min(K, 2) micro-steps, cached per (B, min(K, 2),
+      checkpointed): from the second micro-step on, the peak is the same for any K
+      (the notebook asserts this once against a full K-step update);
+    - FLOPs and time of one micro-step, with and without checkpointing, cached per B;
+      per update they are K times that (the notebook asserts it for FLOPs).
+
+    Args:
+        model: the GPT measured.
+        repeats: timed runs of each micro-step.
+        optimizer: a name in `OPTIMIZERS`.
+    """
+
+    def __init__(self, model: GPT, *, repeats: int = 3, optimizer: str = "adam") -> None:
+        self.model = instance_arg("model", model, GPT, "helpers.models.GPT")
+        self.repeats = positive_int("repeats", repeats)
+        self.optimizer = choice("optimizer", optimizer, OPTIMIZERS)
+        self._memory: dict[tuple[int, int, bool], StepMemory] = {}
+        self._micro: dict[int, tuple[int, int, Timing, Timing]] = {}
+
+    @staticmethod
+    def mode(checkpointed: bool) -> str:
+        """The `apply_ac` mode: "full" (`checkpoint(block, x, use_reentrant=False)`) or "none"."""
+        return "full" if checkpointed else "none"
+
+    def micro_step(self, micro_batch: int, checkpointed: bool) -> Callable[[], None]:
+        """One forward + backward of `micro_batch` examples (gradients cleared after)."""
+        cfg, model = self.model.cfg, self.model
+        idx, targets = token_batch(micro_batch, cfg.seq_len, cfg.vocab_size, seed=0, device=device_of(model))
+        mode = self.mode(checkpointed)
+
+        def step() -> None:
+            with apply_ac(model, mode):
+                try:
+                    lm_loss(model(idx), targets).backward()
+                finally:
+                    model.zero_grad(set_to_none=True)
+
+        return step
+
+    def _micro_costs(self, b: int) -> tuple[int, int, Timing, Timing]:
+        if b not in self._micro:
+            plain, ckpt = self.micro_step(b, False), self.micro_step(b, True)
+            flops = count_flops(plain), count_flops(ckpt)  # these runs also warm both steps up
+            times = interleaved_times({"plain": plain, "ckpt": ckpt},
+                                      device=device_of(self.model),
+                                      repeats=self.repeats, warmup=0)
+            self._micro[b] = (*flops, times["plain"], times["ckpt"])
+        return self._micro[b]
+
+    def measure(self, micro_batch: int, steps: int, checkpointed: bool) -> TradeOff | None:
+        """The trade-off of B x K (checkpointed or not), or None when CUDA runs out of memory."""
+        int_at_least("micro_batch", micro_batch, 1)
+        int_at_least("steps", steps, 1)
+        bool_arg("checkpointed", checkpointed)
+        key = (micro_batch, min(steps, 2), checkpointed)
+        if key not in self._memory:
+            mem = run_or_oom(lambda: measure_update(self.model, micro_batch=micro_batch, steps=key[1],
+                                                    optimizer=self.optimizer,
+                                                    block_wrapper=self.mode(checkpointed)))
+            if mem is None:
+                return None
+            self._memory[key] = mem
+        costs = run_or_oom(lambda: self._micro_costs(micro_batch))
+        if costs is None:
+            return None
+        plain_flops, ckpt_flops, plain_t, ckpt_t = costs
+        flops = ckpt_flops if checkpointed else plain_flops
+        timing = (ckpt_t if checkpointed else plain_t).scaled(steps)
+        return TradeOff(micro_batch, steps, checkpointed, self._memory[key], steps * flops,
+                        steps * plain_flops, timing)

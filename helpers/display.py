@@ -9,7 +9,8 @@ otherwise read badly there, and each has one helper here:
 - `explore(fn, note=..., **controls)`: an `ipywidgets.interactive` widget whose plain-text
   fallback says what it is, after one static call of `fn` with the controls' default values,
   so the saved notebook shows the default state as a figure or table beside the widget.
-- `markdown_table(headers, rows)`: a table as Markdown, which wraps, instead of cut text.
+- `markdown_table(headers, rows)`: a table as Markdown, which wraps, instead of cut text;
+  `text_table(rows, header)`: a plain-text table for `print`, its columns padded to their widest cell.
 
 Works with ipywidgets 7.7 (Colab) and 8, and without a browser (nothing waits for a frontend).
 """
@@ -23,7 +24,7 @@ from typing import TypeVar
 
 from helpers.validate import callable_arg
 
-__all__ = ["explore", "in_notebook", "markdown_table", "progress", "widget_bundle"]
+__all__ = ["explore", "in_notebook", "markdown_table", "progress", "text_table", "widget_bundle"]
 
 T = TypeVar("T")
 BAR_WIDTH = 20
@@ -130,6 +131,14 @@ def explore(fn: Callable[..., object], /, *, note: str = "", static: bool = True
     return widget
 
 
+def _check_cells(headers: Sequence[object], rows: Sequence[Sequence[object]]) -> None:
+    if not headers:
+        raise ValueError("headers is empty: give one name per column")
+    for i, row in enumerate(rows):
+        if len(row) != len(headers):
+            raise ValueError(f"row {i} has {len(row)} cells for {len(headers)} headers")
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A Markdown table (pipes in cells escaped) that wraps in a notebook, on GitHub and in HTML.
 
@@ -143,15 +152,32 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     Raises:
         ValueError: if `headers` is empty or a row has the wrong number of cells.
     """
-    if not headers:
-        raise ValueError("headers is empty: give one name per column")
-    for i, row in enumerate(rows):
-        if len(row) != len(headers):
-            raise ValueError(f"row {i} has {len(row)} cells for {len(headers)} headers")
+    _check_cells(headers, rows)
 
     def cell(v: object) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def text_table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+    """A plain-text table that reads in a saved notebook: columns padded to their widest cell.
+
+    Args:
+        rows: the rows' cells.
+        header: the column names.
+
+    Returns:
+        The table's text.
+
+    Raises:
+        ValueError: if `header` is empty or a row has the wrong number of cells.
+    """
+    _check_cells(header, rows)
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -4,7 +4,8 @@ Transformers, Accelerate and Lightning are optional: they are the `frameworks` e
 (`pip install -e '.[frameworks]'`). This module never imports them at import time.
 
 - `FRAMEWORKS`: the import name of each framework and what to install for it.
-- `versions()`, `missing(*names)`: what is installed here.
+- `versions()`, `missing(*names)`: what is installed here; `versions_table()`: the versions
+  and the seconds each import took in this kernel, as a plain-text table.
 - `ready(*names)`: True when every framework named is installed. When one is missing it
   prints what to install and returns False, so a lesson section can skip its checks
   with a clear message; under `CI=true` it raises instead, so CI never skips.
@@ -32,6 +33,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from helpers.display import text_table
 from helpers.validate import choice
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "silence_logs",
     "timed_import",
     "versions",
+    "versions_table",
 ]
 
 
@@ -213,3 +216,17 @@ def describe_warnings(records: Sequence[warnings.WarningMessage], width: int = 1
         key = (r.category.__name__, text if len(text) <= width else text[: width - 3] + "...")
         counts[key] = counts.get(key, 0) + 1
     return [f"caught {cat} (x{n}): {msg}" for (cat, msg), n in counts.items()]
+
+
+def versions_table() -> str:
+    """Each framework's installed version and the seconds its import took in this kernel.
+
+    Returns:
+        The plain-text table.
+    """
+    rows = []
+    for name, version in versions().items():
+        seconds = IMPORT_SECONDS.get(name)
+        rows.append((name, version or "not installed",
+                     "-" if seconds is None else f"{seconds:.1f} s"))
+    return text_table(rows, ("framework", "version", "import here, in this order (shared parts count once)"))

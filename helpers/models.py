@@ -1,30 +1,22 @@
-"""Small, deterministic models that the lessons reuse (core, lessons 01-08).
+"""Small, deterministic models that the lessons reuse (core, lessons 01-10).
 
-- `ResidualMLP`: a stack of pre-LayerNorm residual MLP blocks on vectors.
-- `GPT`: a small pre-LayerNorm GPT-style transformer. Attention is written out
-  (Q, K, V, scores, softmax, dropout) so that every tensor autograd saves is a
-  visible line of code; `fused_attention=True` switches to
+- `GPT` (`GPTConfig`, `GPTBlock`, `CausalSelfAttention`): a small pre-LayerNorm GPT-style
+  transformer. Attention is written out (Q, K, V, scores, softmax, dropout) so that every
+  tensor autograd saves is a visible line of code; `fused_attention=True` switches to
   `torch.nn.functional.scaled_dot_product_attention` instead.
-- `ConvNet`: a small ConvNet with BatchNorm (or GroupNorm, LayerNorm, none).
-- `DropoutMLP`: Linear -> ReLU -> dropout blocks whose dropout masks can be passed in
-  (lesson 04 slices one batch's masks per micro-batch).
-
-Every model runs its blocks through `run_blocks`, which calls
-`self.block_wrapper(block, x)` (a `BlockWrapper`) when one is set. Lessons set it to a
-`torch.utils.checkpoint.checkpoint` call in plain sight instead of hiding a flag
-inside the model.
-
 - `explainer_config(scale)` / `explainer_model(scale, device)`: the explainer-sized GPT
-  that lessons 01 and 02 measure, at each of `helpers.device.SCALES`.
+  that lessons 01 and 02 measure, at each of `helpers.device.SCALES`; `deep_gpt_setup(scale)`:
+  the deeper GPT lesson 02 checkpoints.
 - `seeded_gpt(cfg, device, seed)`: a GPT whose weights come from `seed`, built without
   touching the global RNG.
-- `param_bytes(model)`, `device_of(model)`: small facts about a model.
+- Re-exported from `helpers.nets`: `ResidualMLP`, `MLPBlock`, `ConvNet`, `NORMS`,
+  `DropoutMLP`, `param_bytes`, `device_of`, and `BlockWrapper`: every model runs its blocks
+  through `run_blocks`, which calls `self.block_wrapper(block, x)` when one is set.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,66 +24,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.device import SCALES, by_scale
-from helpers.validate import choice, instance_arg, non_negative_int, number_in_range, positive_int
+from helpers.nets import (
+    NORMS,
+    BlockWrapper,
+    ConvNet,
+    DropoutMLP,
+    MLPBlock,
+    ResidualMLP,
+    _Blocks,
+    _check_positive,
+    device_of,
+    param_bytes,
+)
+from helpers.validate import choice, instance_arg, non_negative_int, number_in_range
 
 __all__ = [
     "GPT", "NORMS", "BlockWrapper", "CausalSelfAttention", "ConvNet", "DropoutMLP", "GPTBlock", "GPTConfig",
     "MLPBlock", "ResidualMLP", "deep_gpt_setup", "device_of", "explainer_config", "explainer_model",
     "param_bytes", "seeded_gpt",
 ]
-
-# What `model.block_wrapper` holds: called as wrapper(block, x) in place of block(x).
-BlockWrapper = Callable[[nn.Module, torch.Tensor], torch.Tensor]
-
-
-def _check_positive(**values: int) -> None:
-    for name, value in values.items():
-        positive_int(name, value)
-
-
-class _Blocks(nn.Module):
-    """Mixin: run `self.blocks` in order, through `block_wrapper` if one is set."""
-
-    blocks: nn.ModuleList
-    block_wrapper: BlockWrapper | None = None
-
-    def run_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x) if self.block_wrapper is None else self.block_wrapper(block, x)
-        return x
-
-
-class MLPBlock(nn.Module):
-    """x + Linear(GELU(Linear(LayerNorm(x)))): one residual block of width `width`."""
-
-    def __init__(self, width: int, expansion: int = 4) -> None:
-        super().__init__()
-        _check_positive(width=width, expansion=expansion)
-        self.norm = nn.LayerNorm(width)
-        self.fc1 = nn.Linear(width, expansion * width)
-        self.fc2 = nn.Linear(expansion * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
-
-
-class ResidualMLP(_Blocks):
-    """`depth` residual MLP blocks between an input and an output projection.
-
-    Args:
-        d_in, width, depth, d_out: input size, block width, blocks and output size (each >= 1).
-        expansion: each block's hidden layer is `expansion * width` wide.
-    """
-
-    def __init__(self, d_in: int, width: int, depth: int, d_out: int, expansion: int = 4) -> None:
-        super().__init__()
-        _check_positive(d_in=d_in, width=width, depth=depth, d_out=d_out)
-        self.inp = nn.Linear(d_in, width)
-        self.blocks = nn.ModuleList(MLPBlock(width, expansion) for _ in range(depth))
-        self.out = nn.Linear(width, d_out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.run_blocks(self.inp(x)))
 
 
 @dataclass(frozen=True)
@@ -210,130 +161,6 @@ class GPT(_Blocks):
         pos = torch.arange(idx.size(1), device=idx.device)
         x = self.drop(self.tok(idx) + self.pos(pos))
         return self.head(self.ln_f(self.run_blocks(x)))
-
-
-NORMS = ("batch", "group", "layer", "none")
-
-
-def _norm(kind: str, channels: int) -> nn.Module:
-    choice("norm", kind, NORMS)
-    if kind == "batch":
-        return nn.BatchNorm2d(channels)
-    if kind == "group":
-        return nn.GroupNorm(min(4, channels), channels)
-    if kind == "layer":
-        return nn.GroupNorm(1, channels)  # LayerNorm over (C, H, W)
-    return nn.Identity()
-
-
-class ConvNet(_Blocks):
-    """Conv -> norm -> ReLU blocks, global average pooling and a linear classifier.
-
-    Args:
-        in_channels, width, depth, num_classes: input channels, channels per block,
-            blocks and classes (each >= 1).
-        norm: "batch" (BatchNorm2d, the default), "group", "layer" or "none".
-    """
-
-    def __init__(
-        self, in_channels: int = 3, width: int = 16, depth: int = 3, num_classes: int = 10,
-        norm: str = "batch",
-    ) -> None:
-        super().__init__()
-        _check_positive(in_channels=in_channels, width=width, depth=depth, num_classes=num_classes)
-        _norm(norm, width)  # validate early, before building anything
-        layers = []
-        channels = in_channels
-        for _ in range(depth):
-            layers.append(
-                nn.Sequential(
-                    nn.Conv2d(channels, width, 3, padding=1, bias=norm == "none"),
-                    _norm(norm, width),
-                    nn.ReLU(),
-                )
-            )
-            channels = width
-        self.blocks = nn.ModuleList(layers)
-        self.head = nn.Linear(width, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.run_blocks(x).mean(dim=(2, 3)))
-
-
-class DropoutMLP(nn.Module):
-    """`n_dropout` blocks of Linear -> ReLU -> dropout, then a Linear head.
-
-    `forward(x, masks)` uses the given keep-masks (one bool tensor of shape
-    (len(x), width) per dropout layer) instead of drawing new ones, so the
-    full batch's masks can be sliced per micro-batch.
-
-    Args:
-        d_in, width, d_out: input, hidden and output sizes.
-        p: the dropout probability, in (0, 1).
-        n_dropout: the number of dropout blocks.
-    """
-
-    def __init__(self, d_in: int, width: int, d_out: int, *, p: float = 0.5,
-                 n_dropout: int = 2) -> None:
-        super().__init__()
-        _check_positive(d_in=d_in, width=width, d_out=d_out, n_dropout=n_dropout)
-        number_in_range("p", p, 0.0, 1.0, low_open=True, high_open=True)
-        self.p, self.width = p, width
-        self.hidden = nn.ModuleList(
-            nn.Linear(d_in if i == 0 else width, width) for i in range(n_dropout)
-        )
-        self.head = nn.Linear(width, d_out)
-
-    def draw_masks(self, n: int, *, device: torch.device | str = "cpu") -> list[torch.Tensor]:
-        """Fresh keep-masks for `n` examples (from the global RNG), one per dropout layer."""
-        positive_int("n", n)
-        return [torch.rand(n, self.width, device=device) >= self.p for _ in self.hidden]
-
-    def forward(self, x: torch.Tensor, masks: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
-        if masks is not None and len(masks) != len(self.hidden):
-            raise ValueError(f"need {len(self.hidden)} masks (one per dropout layer), "
-                             f"got {len(masks)}")
-        for i, layer in enumerate(self.hidden):
-            x = F.relu(layer(x))
-            x = (x * masks[i] / (1.0 - self.p) if masks is not None
-                 else F.dropout(x, self.p, self.training))
-        return self.head(x)
-
-
-def param_bytes(model: nn.Module) -> int:
-    """Bytes held by the model's parameters (each storage counted once).
-
-    Args:
-        model: the model.
-
-    Returns:
-        The bytes.
-    """
-    instance_arg("model", model, nn.Module, "torch.nn.Module")
-    seen: dict[int, int] = {}
-    for p in model.parameters():
-        st = p.untyped_storage()
-        seen[st.data_ptr()] = st.nbytes()
-    return sum(seen.values())
-
-
-def device_of(model: nn.Module) -> torch.device:
-    """The device of `model`'s first parameter (the lessons' models live on one device).
-
-    Args:
-        model: a module with at least one parameter.
-
-    Returns:
-        That parameter's device.
-
-    Raises:
-        ValueError: if `model` is not a module or has no parameters.
-    """
-    instance_arg("model", model, nn.Module, "torch.nn.Module")
-    first = next(model.parameters(), None)
-    if first is None:
-        raise ValueError(f"model has no parameters, so no device: {type(model).__name__}")
-    return first.device
 
 
 # -- the explainer-sized GPT (lessons 01 and 02) ---------------------------------------------

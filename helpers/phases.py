@@ -15,6 +15,9 @@ which phase sets it, because the optimizer step's temporaries can bind at small 
 Every `PhaseMemory` from `UpdateMeasurer` also says what the loop with `del predictions`
 after the loss (a loop that keeps no output) would peak at: `PhaseMemory.released`,
 taken from the same run (`helpers.tracker.MemoryTracker.could_release`).
+
+Re-exported from `helpers.update_memory` (one update measured whole): `measure_update`,
+`measure_config`, `ConfigMemory`, `breakdown_for`, `activation_sweep`.
 """
 
 from __future__ import annotations
@@ -31,17 +34,21 @@ from helpers.checkpointing import apply_ac
 from helpers.data import token_batch
 from helpers.memory import (
     MemoryTracker,
-    StepMemory,
     Timeline,
     floor_of,
-    measure_step,
-    run_or_oom,
     tracked_run,
 )
-from helpers.models import GPT, BlockWrapper, device_of
+from helpers.models import GPT, device_of
 from helpers.tracker import release_point
 from helpers.training import lm_loss, make_optimizer
-from helpers.validate import callable_arg, int_at_least, positive_int
+from helpers.update_memory import (
+    ConfigMemory,
+    activation_sweep,
+    breakdown_for,
+    measure_config,
+    measure_update,
+)
+from helpers.validate import callable_arg, positive_int
 
 __all__ = [
     "ConfigMemory", "PhaseMemory", "UpdateMeasurer", "accumulate_update", "activation_sweep", "breakdown_for",
@@ -297,130 +304,3 @@ class UpdateMeasurer:
             return measure_phases(update, model=self.model, optimizer=self.optimizer)
         finally:
             self.optimizer.zero_grad(set_to_none=True)
-
-
-def _batch(model: GPT, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    cfg = model.cfg
-    return token_batch(n, cfg.seq_len, cfg.vocab_size, seed=seed, device=device_of(model))
-
-
-@dataclass(frozen=True)
-class ConfigMemory:
-    """A measured row: one accumulation update of `steps` micro-batches of `micro_batch`."""
-
-    micro_batch: int
-    steps: int
-    peak_bytes: int
-    activations_bytes: int
-    floor_bytes: int
-    other_bytes: int
-    method: str
-
-    @property
-    def effective_batch(self) -> int:
-        """Examples per optimizer update: micro-batch x steps."""
-        return self.micro_batch * self.steps
-
-
-def measure_update(
-    model: GPT, *, micro_batch: int, steps: int, optimizer: str = "adam",
-    block_wrapper: str | BlockWrapper | None = None, seed: int = 0, max_micro_steps: int | None = None,
-) -> StepMemory:
-    """Measure one accumulation update of `steps` micro-batches of `micro_batch` examples.
-
-    A first, unmeasured update of one micro-step creates the optimizer state,
-    as in steady training. The measured update then runs `steps` forward/backward
-    passes on `loss / steps`, followed by one optimizer step, so from the second
-    micro-step on the gradients are alive next to the activations. It is the
-    explainer's loop as written: `predictions` and `loss` stay bound until the next
-    micro-step reassigns them, and the last ones through the optimizer step.
-
-    Args:
-        model: the GPT measured.
-        micro_batch, steps: B and K.
-        optimizer: a name in `OPTIMIZERS`.
-        block_wrapper: a wrapper such as a checkpoint call, or a mode of
-            `helpers.checkpointing.apply_ac` such as "full" (None: plain), applied for the duration.
-        seed: seeds the token batches.
-        max_micro_steps: (>= 2) run only that many of the `steps` micro-steps. Every micro-step
-            from the second on holds the same memory, so the peak of the whole update is the
-            peak of its first two micro-steps and the optimizer step (lesson 01 checks this).
-
-    Returns:
-        The `StepMemory` of the measured update.
-    """
-    positive_int("micro_batch", micro_batch)
-    positive_int("steps", steps)
-    if max_micro_steps is not None:  # >= 2: the steady state starts at the second micro-step
-        int_at_least("max_micro_steps", max_micro_steps, 2)
-    opt = make_optimizer(optimizer, model)
-    real_steps = steps if max_micro_steps is None else min(steps, max_micro_steps)
-    batches = [_batch(model, micro_batch, seed + i) for i in range(real_steps)]
-    def update(micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        opt.zero_grad(set_to_none=True)
-        for idx, targets in micro_batches:
-            predictions = model(idx)
-            loss = lm_loss(predictions, targets)
-            release_point(predictions, loss)  # where `del predictions` would drop them; changes nothing
-            (loss / steps).backward()
-        opt.step()
-
-    with apply_ac(model, block_wrapper):
-        try:
-            update(batches[:1])  # warm-up: optimizer state now exists
-            return measure_step(lambda: update(batches), model=model, optimizer=opt)
-        finally:
-            opt.zero_grad(set_to_none=True)
-
-
-def measure_config(
-    model: GPT, *, micro_batch: int, steps: int, optimizer: str = "adam",
-    block_wrapper: str | BlockWrapper | None = None, seed: int = 0, max_micro_steps: int | None = None,
-) -> ConfigMemory:
-    """`measure_update` summarised as a row of the explainer's table.
-
-    Args:
-        model, micro_batch, steps, optimizer, block_wrapper, seed, max_micro_steps: as for
-            `measure_update`.
-
-    Returns:
-        A `ConfigMemory` (B, K, peak, activations, floor, other, method).
-    """
-    mem = measure_update(model, micro_batch=micro_batch, steps=steps, optimizer=optimizer,
-                         block_wrapper=block_wrapper, seed=seed, max_micro_steps=max_micro_steps)
-    b = mem.breakdown
-    return ConfigMemory(micro_batch, steps, mem.peak_bytes, b["activations"], mem.floor_bytes,
-                        b["other"], mem.method)
-
-
-def breakdown_for(model: GPT, micro_batch: int, optimizer: str = "adam") -> StepMemory | None:
-    """Peak breakdown of a two-micro-step update at `micro_batch`, or None on CUDA OOM.
-
-    This is the pure function behind lesson 01's sweep.
-    """
-    return run_or_oom(lambda: measure_update(model, micro_batch=micro_batch, steps=2, optimizer=optimizer))
-
-
-def activation_sweep(
-    model: GPT, micro_batches: Sequence[int], optimizer: str = "adam", progress: bool = True
-) -> dict[int, StepMemory | None]:
-    """`breakdown_for` at each micro-batch size, with a progress bar.
-
-    Args:
-        model: the GPT measured.
-        micro_batches: at least two sizes.
-        optimizer: a name in `OPTIMIZERS`.
-        progress: show the progress bar.
-
-    Returns:
-        {micro-batch: its `StepMemory`, or None for an OOM}.
-
-    Raises:
-        ValueError: for fewer than two sizes.
-    """
-    if len(micro_batches) < 2:
-        raise ValueError(f"need at least two micro-batch sizes, got {list(micro_batches)}")
-    from helpers.display import progress as progress_line
-
-    sizes = progress_line(micro_batches, desc="micro-batch sweep") if progress else micro_batches
-    return {b: breakdown_for(model, b, optimizer) for b in sizes}

@@ -3,7 +3,8 @@
 `use_style()` applies the lessons' matplotlib style (`STYLE`); `helpers.device.setup_lesson`
 calls it, and importing this module changes nothing. Figures are shown with
 `show(fig)`, which displays and then closes them, so a rerun cell neither leaks
-figures nor warns under a non-interactive backend (`MPLBACKEND=Agg`).
+figures nor warns under a non-interactive backend (`MPLBACKEND=Agg`). Whether a figure reads
+well (`layout_problems`, `MIN_FONT_PT`) is checked by `helpers.plot_layout`, re-exported here.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from helpers.plot_layout import MIN_FONT_PT, layout_problems
 from helpers.validate import positive_int
 
 if TYPE_CHECKING:
-    from helpers.phases import ConfigMemory
+    from helpers.update_memory import ConfigMemory
 
 __all__ = [
-    "BUDGET_LABEL", "COLORS", "MIN_FONT_PT", "PHASE_SHADES", "STYLE", "UNITS", "byte_unit", "figure",
-    "format_bytes", "layout_problems",
+    "BUDGET_LABEL", "COLORS", "MIN_FONT_PT", "PHASE_SHADES", "STYLE", "UNITS", "byte_column", "byte_unit",
+    "figure", "format_bytes", "layout_problems",
     "phase_runs", "plain_ticks", "plot_measured_table", "show", "stacked_bars", "timeline", "use_style",
 ]
 
@@ -112,6 +114,36 @@ def byte_unit(max_bytes: float) -> tuple[str, int]:
     return "B", 1
 
 
+def byte_column(values: Sequence[float], *, unit_of: float | None = None) -> list[str]:
+    """One table column of byte counts, all in one unit: the one that suits the largest value.
+
+    So a column never shows "1.0 MiB" beside "1003.8 KiB". Values under 100 of that unit keep
+    three significant digits ("0.259 MiB", "12.5 KiB"), larger ones one decimal ("1003.8 KiB").
+
+    Args:
+        values: the column's byte counts (at least one).
+        unit_of: take the unit that suits this many bytes instead (e.g. the largest of the
+            whole table, so that every column reads in one unit).
+
+    Returns:
+        One text per value, in order.
+
+    Raises:
+        ValueError: if `values` is empty.
+    """
+    if not values:
+        raise ValueError("values is empty: give at least one byte count")
+    unit, size = byte_unit(max(abs(v) for v in values) if unit_of is None else abs(unit_of))
+
+    def text(v: float) -> str:
+        x = v / size
+        if size == 1:
+            return f"{int(v)} B"
+        return f"{x:.1f} {unit}" if abs(x) >= 100 else f"{x:.3g} {unit}"
+
+    return [text(v) for v in values]
+
+
 def figure(ncols: int = 1, *, width: float = 7.5, height: float = 3.6) -> tuple[Figure, list[Axes]]:
     """A new figure with `ncols` axes side by side.
 
@@ -160,106 +192,6 @@ def plain_ticks(ax: Axes, axis: str = "both") -> None:
         target.set_major_locator(LogLocator(base=base ** step, subs=subs))
         target.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         target.set_minor_formatter(NullFormatter())
-
-
-MIN_FONT_PT = 8.0  # smaller text does not read at the lessons' figure size (90 dpi, 7.5 in wide)
-
-
-def _texts(fig: Figure) -> list[tuple[str, object]]:
-    """Every visible, non-empty text of `fig` with a name saying where it is."""
-    found: list[tuple[str, object]] = [("figure text", t) for t in fig.texts]
-    if fig._suptitle is not None:  # noqa: SLF001 - matplotlib keeps the suptitle here
-        found.append(("suptitle", fig._suptitle))  # noqa: SLF001
-    for i, ax in enumerate(fig.axes):
-        where = f"axes {i}"
-        found += [(f"{where} title", t) for t in (ax.title, ax._left_title, ax._right_title)]  # noqa: SLF001
-        found += [(f"{where} x label", ax.xaxis.label), (f"{where} y label", ax.yaxis.label)]
-        found += [(f"{where} x tick", t) for t in _drawn_ticks(ax.xaxis)]
-        found += [(f"{where} y tick", t) for t in _drawn_ticks(ax.yaxis)]
-        found += [(f"{where} text", t) for t in ax.texts]
-        legend = ax.get_legend()
-        if legend is not None:
-            found += [(f"{where} legend", t) for t in legend.get_texts()]
-    return [(name, t) for name, t in found if t.get_visible() and t.get_text().strip()]  # type: ignore[attr-defined]
-
-
-def _drawn_ticks(axis: object) -> list[object]:
-    """The major tick labels of `axis` that matplotlib draws (inside the view limits)."""
-    low, high = sorted(axis.get_view_interval())  # type: ignore[attr-defined]
-    span = (high - low) * 1e-9
-    labels = axis.get_ticklabels()  # type: ignore[attr-defined]
-    locs = axis.get_ticklocs()  # type: ignore[attr-defined]
-    return [t for t, loc in zip(labels, locs, strict=False) if low - span <= loc <= high + span]
-
-
-def _in_view(ax: Axes, x: float, y: float) -> bool:
-    x0, x1 = sorted(ax.get_xlim())
-    y0, y1 = sorted(ax.get_ylim())
-    return x0 <= x <= x1 and y0 <= y <= y1
-
-
-def _legend_covers_data(ax: Axes, renderer: object) -> bool:
-    """True when `ax`'s legend, drawn inside the axes, lies over a bar or a plotted point."""
-    from matplotlib.patches import Rectangle
-
-    legend = ax.get_legend()
-    if legend is None or not legend.get_visible():
-        return False
-    box = legend.get_window_extent(renderer).shrunk(0.96, 0.96)  # type: ignore[arg-type]
-    if not box.overlaps(ax.bbox):
-        return False  # placed outside the axes
-    for patch in ax.patches:
-        drawn = isinstance(patch, Rectangle) and patch.get_visible() and patch.get_height() != 0
-        if drawn and box.overlaps(patch.get_window_extent(renderer)):  # type: ignore[arg-type]
-            return True
-    for line in ax.get_lines():
-        if not line.get_visible() or line.get_label().startswith("_"):
-            continue
-        xs, ys = line.get_xdata(), line.get_ydata()
-        points = [(float(x), float(y)) for x, y in zip(xs, ys, strict=False)  # type: ignore[arg-type]
-                  if _in_view(ax, float(x), float(y))]
-        for px, py in ax.transData.transform(points) if points else []:
-            if box.contains(px, py):
-                return True
-    return False
-
-
-def layout_problems(fig: Figure) -> list[str]:
-    """What reads badly in `fig` as it will be saved: one plain sentence per problem.
-
-    Looks for text cut by the canvas edge (titles, labels, tick labels, legends), tick labels
-    that run into each other, tick labels written as powers (``2^{3}``, ``6x10^{0}``), text
-    smaller than `MIN_FONT_PT`, and a legend drawn over bars or plotted points.
-
-    Args:
-        fig: a figure, laid out as it will be saved (`show` calls `tight_layout` first).
-
-    Returns:
-        The problems found; empty when the figure reads well.
-    """
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
-    canvas = fig.bbox
-    problems: list[str] = []
-    for name, text in _texts(fig):
-        label = text.get_text()  # type: ignore[attr-defined]
-        box = text.get_window_extent(renderer)  # type: ignore[attr-defined]
-        if not canvas.padded(1).contains(box.x0, box.y0) or not canvas.padded(1).contains(box.x1, box.y1):
-            problems.append(f"{name} {label!r} is cut by the figure's edge")
-        if text.get_fontsize() < MIN_FONT_PT:  # type: ignore[attr-defined]
-            problems.append(f"{name} {label!r} is {text.get_fontsize():.0f} pt (under {MIN_FONT_PT:.0f} pt)")  # type: ignore[attr-defined]
-        if "tick" in name and "^{" in label:
-            problems.append(f"{name} {label!r} is written as a power: use plain numbers")
-    for i, ax in enumerate(fig.axes):
-        for axis_name, ticks in (("x", _drawn_ticks(ax.xaxis)), ("y", _drawn_ticks(ax.yaxis))):
-            boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in ticks
-                     if t.get_visible() and t.get_text().strip()]
-            for (a, box_a), (b, box_b) in zip(boxes, boxes[1:], strict=False):
-                if box_a.shrunk(0.98, 0.98).overlaps(box_b.shrunk(0.98, 0.98)):
-                    problems.append(f"axes {i} {axis_name} tick labels {a!r} and {b!r} overlap")
-        if _legend_covers_data(ax, renderer):
-            problems.append(f"axes {i} legend covers bars or points: move it outside or to a free corner")
-    return problems
 
 
 def show(fig: Figure) -> None:

@@ -146,6 +146,16 @@ def run_ledger(
                   lesson_scale(device), memory_method(device))
 
 
+# A count noun after the number 1 reads in the singular: "1 forward of ...", never "1 forwards of ...".
+_SINGULAR = {"forwards": "forward", "micro-batches": "micro-batch", "syncs": "sync", "clips": "clip",
+             "examples": "example", "ops": "op"}
+
+
+def _unit(number: str, unit: str) -> str:
+    first, space, rest = unit.partition(" ")
+    return _SINGULAR[first] + space + rest if number == "1" and first in _SINGULAR else unit
+
+
 def _value(row: Row) -> str:
     if row.value is None:
         return "-"
@@ -158,7 +168,7 @@ def _value(row: Row) -> str:
         text = f"{v:.3g}"  # three digits: "18.8 x fewer saved bytes", "0.5 activations", never "18.8363"
     else:
         text = f"{v:.1e}"
-    return f"{text} {row.unit}"
+    return f"{text} {_unit(text, row.unit)}"
 
 
 def format_table(ledger: Ledger) -> str:

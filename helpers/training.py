@@ -7,17 +7,23 @@
   SGD, which keeps no state, SGD with momentum (one tensor per parameter), and Adam and
   AdamW (two tensors per parameter, plus a step counter per parameter tensor);
   `STATE_PER_PARAM` says how many parameter-sized state tensors each keeps.
+- `linear_warmup(steps)`: a linear learning-rate warmup, as a `LambdaLR` factor.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.validate import choice, instance_arg, tensor_arg
+from helpers.validate import choice, instance_arg, positive_int, tensor_arg
 
-__all__ = ["IGNORE_INDEX", "OPTIMIZERS", "REDUCTIONS", "STATE_PER_PARAM", "lm_loss", "make_optimizer"]
+__all__ = [
+    "IGNORE_INDEX", "OPTIMIZERS", "REDUCTIONS", "STATE_PER_PARAM", "linear_warmup", "lm_loss",
+    "make_optimizer",
+]
 
 IGNORE_INDEX = -100  # PyTorch's and Hugging Face's label for padding: no loss, no gradient
 REDUCTIONS = ("mean", "sum", "none")
@@ -72,3 +78,16 @@ def make_optimizer(name: str, model: nn.Module, *, foreach: bool | None = None) 
     if name == "adamw":
         return torch.optim.AdamW(params, lr=1e-3, foreach=foreach)
     return torch.optim.SGD(params, lr=1e-3, momentum=0.9 if name == "sgd-momentum" else 0.0, foreach=foreach)
+
+
+def linear_warmup(steps: int) -> Callable[[int], float]:
+    """A linear warmup over `steps` updates, as a `LambdaLR` factor: (u + 1) / steps, then 1.
+
+    Args:
+        steps: warmup updates (>= 1).
+
+    Returns:
+        update -> factor.
+    """
+    positive_int("steps", steps)
+    return lambda u: min(1.0, (u + 1) / steps)

@@ -14,7 +14,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 case $PY in /*) ;; */*) PY=$ROOT/$PY ;; *) PY=$(command -v "$PY") ;; esac  # absolute: the run cds away
-MODULES=${MUTATE_MODULES:-memory tracker dispatch timeline accumulation token_loss tokens checkpointing planner memory_profile estimates distributed fsdp saved_tensors phases formulas peak_envelope}
+MODULES=${MUTATE_MODULES:-memory tracker dispatch timeline accumulation token_loss tokens checkpointing segments planner memory_profile estimates distributed fsdp saved_tensors phases update_memory formulas peak_envelope}
 JOBS=${MUTATE_JOBS:-$(nproc)}
 "$PY" -c "import mutmut, coverage" 2>/dev/null || { echo "mutmut or coverage is missing: run 'make mutate'"; exit 2; }
 

@@ -33,6 +33,7 @@ TESTS = {
     "helpers/tokens.py": "tests/test_tokens.py",
     "helpers/token_loss.py": "tests/test_tokens.py",
     "helpers/checkpointing.py": "tests/test_checkpointing.py tests/test_saved_tensors.py",
+    "helpers/segments.py": "tests/test_segments.py",
     "helpers/planner.py": "tests/test_planner.py",
     "helpers/memory_profile.py": "tests/test_planner.py tests/test_profiler_independent.py",
     "helpers/estimates.py": "tests/test_planner.py",
@@ -46,6 +47,7 @@ TESTS = {
     "helpers/phases.py": "tests/test_phases.py",
     # the presets' exact peaks, against full profiles of the same configs (tests/test_plan_report.py)
     "helpers/peak_envelope.py": "tests/test_plan_report.py",
+    "helpers/update_memory.py": "tests/test_update_memory.py tests/test_formulas.py",
 }
 PYTEST = "-x -q -p no:cacheprovider --assert=plain"  # a verdict needs no rewritten asserts
 DISABLED_TYPES = ("fstring", "decorator")  # scripts/mutate.sh passes these to --disable-mutation-types

@@ -52,6 +52,20 @@ def test_accumulate_syncs_once_per_k_and_matches_the_loop(accel, k: int) -> None
     assert compare_grads(_flat(loop), _flat(model)).max_rel <= 1e-6
 
 
+def test_stepped_gradient_is_the_loss_over_k_gradient_and_changes_no_weight(accel) -> None:
+    model = seeded_gpt(CFG, "cpu")
+    before = _flat(model)
+    x = torch.randint(0, CFG.vocab_size, (6, CFG.seq_len))
+    micro = list(zip(x.split(2), x.roll(-1, 1).split(2), strict=True))
+    syncs, grad = accel.stepped_gradient(model, micro, lm_loss, 3)
+    assert syncs == [False, False, True]
+    assert torch.equal(_flat(model), before) and all(p.grad is None for p in model.parameters())
+    for xb, yb in micro:  # lesson 03's loop: loss / K
+        (lm_loss(model(xb), yb) / 3).backward()
+    loop = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert compare_grads(loop, grad).max_rel <= 1e-6
+
+
 def test_token_loss_is_lesson_05s_fix_and_the_mean_is_not(accel) -> None:
     cfg = GPTConfig(vocab_size=40, seq_len=12, d_model=16, n_heads=2, n_layers=1, dropout=0.0)
     model = seeded_gpt(cfg, "cpu")

@@ -21,9 +21,11 @@ from helpers.accumulation import (
     group_gradient,
     micro_batch_sizes,
     trainable_params,
+    weight_distance,
 )
 from helpers.data import image_batch, regression_batch, token_batch
 from helpers.models import GPT, ConvNet, GPTConfig, ResidualMLP
+from helpers.tokens import tiny_lm
 from helpers.training import lm_loss
 from helpers.validate import ArgTypeError
 
@@ -308,3 +310,17 @@ def test_group_gradient_leaves_grad_alone_and_matches_full_batch():
     assert angle_degrees(g, g) < 1e-3 and abs(angle_degrees(g, -g) - 180) < 1e-3
     with pytest.raises(ValueError, match="empty"):
         group_gradient(model, fn, [])
+
+
+def test_weight_distance_of_two_runs() -> None:
+    model = tiny_lm(vocab_size=16, max_len=8, d_model=16, n_layers=1, seed=0)
+    other = tiny_lm(vocab_size=16, max_len=8, d_model=16, n_layers=1, seed=1)
+    assert weight_distance(model, model) == 0.0
+    assert weight_distance(other, model) > 0.1
+    with pytest.raises(ValueError, match="differ in size"):
+        weight_distance(tiny_lm(vocab_size=16, max_len=8, d_model=32, n_layers=1), model)
+    ref, run = torch.nn.Linear(2, 1, bias=False), torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        ref.weight.copy_(torch.tensor([[3.0, 4.0]]))
+        run.weight.copy_(torch.tensor([[3.0, 0.0]]))
+    assert weight_distance(run, ref) == pytest.approx(4 / 5)  # ||(0, -4)|| / ||(3, 4)||, not 4 / 3

@@ -173,48 +173,6 @@ def test_inference_saves_nothing() -> None:
             assert new_live_bytes(lambda: model(idx)) == 0
 
 
-def test_chain_arguments() -> None:
-    with pytest.raises(ValueError, match="kind"):
-        ckpt.make_chain(4, 8, "conv")
-    with pytest.raises(ValueError, match="positive"):
-        ckpt.make_chain(0, 8)
-    chain = ckpt.make_chain(4, 8)
-    with pytest.raises(ValueError, match="segments"):
-        ckpt.segment_sweep(chain, torch.randn(2, 8), [0])
-    with pytest.raises(ValueError, match="segments"):
-        ckpt.segment_sweep(chain, torch.randn(2, 8), [5])
-    with pytest.raises(ValueError, match="segments"):
-        ckpt.segment_cost(1, 1, 4, 5)
-    with pytest.raises(ValueError):
-        ckpt.divisors(0)
-
-
-def test_sqrt_n_optimum_for_equal_layers() -> None:
-    n = 16
-    chain = ckpt.make_chain(n, 16, "linear")
-    x = torch.randn(8, 16)
-    a, b = ckpt.chain_layer_costs(chain, x)
-    assert a == b
-    ks = ckpt.divisors(n)
-    assert ks == [1, 2, 4, 8, 16]
-    points = ckpt.segment_sweep(chain, x, ks)
-    best = min(points, key=lambda p: p.saved_bytes)
-    assert best.segments == 4
-    # checkpoint_sequential with k equal segments keeps k - 1 boundaries + the last segment
-    for p in points:
-        assert p.saved_bytes == (p.segments - 1) * b + a * n // p.segments
-        assert p.peak_bytes >= p.saved_bytes
-
-
-def test_mlp_chain_prefers_more_segments() -> None:
-    chain = ckpt.make_chain(16, 16, "mlp")
-    x = torch.randn(8, 16)
-    a, b = ckpt.chain_layer_costs(chain, x)
-    assert 5 < a / b < 7
-    points = ckpt.segment_sweep(chain, x, ckpt.divisors(16))
-    assert min(points, key=lambda p: p.saved_bytes).segments == 8
-
-
 def test_batchnorm_double_update_and_fix() -> None:
     images, labels = image_batch(8, size=8)
 
@@ -243,6 +201,11 @@ def _reentrant_call(block: torch.nn.Module, x: torch.Tensor, *, reentrant: bool)
     return ckpt.checkpoint_with(block, x, reentrant=reentrant)
 
 
+def test_every_is_not_a_bool() -> None:
+    with pytest.raises(TypeError, match="every"):
+        ckpt.make_block_wrapper("full", every=True)  # type: ignore[arg-type]
+
+
 def test_reentrant_trap_with_frozen_embeddings() -> None:
     model, idx, targets = _gpt(n_layers=2, dropout=0.0)
     model.tok.requires_grad_(False)
@@ -262,31 +225,6 @@ def test_reentrant_trap_with_frozen_embeddings() -> None:
         ckpt.checkpoint_with(model.blocks[0], torch.randn(1, S, H), reentrant=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         ckpt.params_without_grad("model")  # type: ignore[arg-type]
-
-
-def test_segment_sizes_uneven_last_segment() -> None:
-    assert ckpt.segment_sizes(9, 5) == [1, 1, 1, 1, 5]
-    assert ckpt.segment_sizes(16, 4) == [4, 4, 4, 4]
-    chain = ckpt.make_chain(9, 16)
-    x = torch.randn(4, 16)
-    a, b = ckpt.chain_layer_costs(chain, x)
-    for k in (3, 5):
-        (point,) = ckpt.segment_sweep(chain, x, [k])
-        assert point.saved_bytes == (k - 1) * b + ckpt.segment_sizes(9, k)[-1] * a
-    with pytest.raises(ValueError, match="segments"):
-        ckpt.segment_sizes(9, 10)
-
-
-def test_bools_are_not_ints() -> None:
-    with pytest.raises(TypeError, match="n must be a positive int, got bool True"):
-        ckpt.divisors(True)  # type: ignore[arg-type]
-    assert ckpt.divisors(12) == [1, 2, 3, 4, 6, 12]
-    with pytest.raises(TypeError, match="n must be a positive int"):
-        ckpt.make_chain(True, 8)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="segments"):
-        ckpt.segment_sizes(4, True)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="every"):
-        ckpt.make_block_wrapper("full", every=True)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------
@@ -323,35 +261,3 @@ def test_default_block_wrapper_matches_the_notebooks_checkpoint_call() -> None:
     expected = {policy: kept(wrapper) for policy, wrapper in notebook.items()}
     assert len(set(expected.values())) == 3  # the three policies keep different amounts
     assert {policy: kept(ckpt.make_block_wrapper(policy)) for policy in notebook} == expected
-
-
-def test_chain_layer_costs_single_and_parameter_free_layers() -> None:
-    """A one-layer chain works (the first layer is measured), and a layer without parameters
-    (Tanh keeps its output) still counts: a = b, one boundary-sized tensor."""
-    x = torch.randn(4, 8)
-    b = 4 * 8 * 4
-    assert ckpt.chain_layer_costs(ckpt.make_chain(1, 8), x) == (b, b)
-    assert ckpt.chain_layer_costs(torch.nn.Sequential(torch.nn.Tanh(), torch.nn.Tanh()), x) == (b, b)
-
-
-def test_segment_cost_hand_computed() -> None:
-    # a = 3, b = 2, n = 8 layers, k = 4 segments: 3 * 8 / 4 + 2 * 4 = 6 + 8 = 14
-    assert ckpt.segment_cost(3, 2, 8, 4) == 14
-    assert ckpt.segment_cost(3, 2, 8, 1) == 3 * 8 + 2
-
-
-@pytest.mark.parametrize("n, k", [(1, 1), (4, 1), (4, 4)])
-def test_segment_sweep_peak_hand_counted(n: int, k: int) -> None:
-    """Linear chain, b = 128 bytes (4 x 8 fp32), k = 1 or k = n: peak = (n + 2) b + 8.
-
-    Alive at the peak: the n + 1 boundary tensors of forward (the input, which requires grad,
-    and every layer's output; non-reentrant checkpoint stops recomputing once it has a
-    Linear's input back, so the recompute adds none), one gradient of a boundary, and two
-    4-byte scalars (y.sum() and its gradient seed). Saved after forward: n boundaries.
-    """
-    seed_everything(0)
-    chain = ckpt.make_chain(n, 8, "linear")
-    b = 4 * 8 * 4
-    (point,) = ckpt.segment_sweep(chain, torch.randn(4, 8), [k])
-    assert (point.saved_bytes, point.peak_bytes) == (n * b, (n + 2) * b + 8)
-    assert all(p.grad is None for p in chain.parameters())  # the sweep leaves no gradients behind

@@ -1,4 +1,4 @@
-"""Tests of helpers.costs: FLOPs counted by torch and interleaved, warmed-up timings."""
+"""Tests of helpers.costs: FLOPs counted by torch, interleaved warmed-up timings, TradeOffs."""
 
 from __future__ import annotations
 
@@ -6,9 +6,13 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from helpers import costs
-from helpers.models import GPT, GPTConfig
+from helpers.data import regression_batch, token_batch
+from helpers.models import GPT, GPTConfig, ResidualMLP, explainer_model
+from helpers.training import lm_loss
 
 
 def test_count_flops_linear() -> None:
@@ -142,3 +146,158 @@ def test_count_ops_counts_each_aten_op_once() -> None:
     assert costs.count_ops(lambda: (x + 1) * 2) == 2
     with pytest.raises(TypeError, match="fn"):
         costs.count_ops(3)  # type: ignore[arg-type]
+
+
+def mlp_case() -> tuple[torch.nn.Module, Callable, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    x, y = regression_batch(24, 8, 3, seed=1)
+    return ResidualMLP(8, 32, 2, 3), F.mse_loss, x, y
+
+
+def test_throughput_sweep_reports_median_and_spread():
+    model, fn, x, y = mlp_case()
+    res = costs.throughput_sweep(model, fn, x, y, [4, 24], rounds=3)
+    for t in res.values():
+        assert t is not None and t.runs == 3 and t.low <= t.median <= t.high
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError, match="rounds"):
+        costs.throughput_sweep(model, fn, x, y, [4], rounds=0)
+    with pytest.raises(ValueError, match="larger than the batch"):
+        costs.throughput_sweep(model, fn, x, y, [25])
+
+
+def test_throughput_sweep_with_a_step_of_known_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake clock that moves only inside the update, by known seconds (issue 16: an inverted
+    examples-per-second, or a median without sorting, passed a test that asserted only > 0)."""
+    now = [0.0]
+    cost = {2: [9.0, 0.2, 0.4, 0.25], 8: [9.0, 1.0, 1.0, 1.0]}  # warm-up first (not timed), 3 rounds
+
+    def fake_update(model, loss_fn, inputs, targets, micro_batch):  # noqa: ANN001, ANN202
+        now[0] += cost[micro_batch].pop(0)
+        return torch.zeros(1)
+
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(costs, "accumulated_grad", fake_update)
+    model, fn, x, y = mlp_case()
+    n = x.shape[0]
+    res = costs.throughput_sweep(model, fn, x, y, [2, 8], rounds=3)
+    t2, t8 = res[2], res[8]
+    assert (t2.median, t2.low, t2.high, t2.runs) == pytest.approx((n / 0.25, n / 0.4, n / 0.2, 3))
+    assert (t8.median, t8.low, t8.high, t8.runs) == pytest.approx((n / 1.0, n / 1.0, n / 1.0, 3))
+    assert cost == {2: [], 8: []}  # one warm-up and three rounds each
+
+
+# -- TradeOffs: lesson 02's widget measures B x K with and without checkpointing ------------
+
+
+@pytest.mark.cuda
+def test_cuda_trade_off_checkpointing_lowers_allocator_peak() -> None:
+    lab = costs.TradeOffs(explainer_model("tiny", torch.device("cuda")), repeats=1)
+    plain, checkpointed = lab.measure(2, 2, False), lab.measure(2, 2, True)
+    assert checkpointed.memory.method == "cuda-allocator"
+    assert checkpointed.memory.peak_bytes < plain.memory.peak_bytes
+
+
+def test_trade_off_flops_against_an_independent_count() -> None:
+    """TradeOffs' FLOPs against FlopCounterMode around the lesson's own step (issue 16).
+
+    Plain: K x one `lm_loss(model(idx), targets).backward()`, counted here. Checkpointed: the
+    extra is the recomputation, at most one forward of every block (counted here, block by
+    block) and at least half of it (non-reentrant checkpoint stops recomputing early, once
+    every tensor backward needs is back, so the blocks' last matmuls may be skipped).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = explainer_model("tiny", torch.device("cpu"))
+    lab = costs.TradeOffs(model, repeats=1)
+    b, k = 2, 3
+    plain, ck = lab.measure(b, k, False), lab.measure(b, k, True)
+    cfg = model.cfg
+    idx, targets = token_batch(b, cfg.seq_len, cfg.vocab_size, seed=0)
+    with FlopCounterMode(display=False) as step:
+        lm_loss(model(idx), targets).backward()
+    model.zero_grad(set_to_none=True)
+    h = torch.randn(b, cfg.seq_len, cfg.d_model)
+    with torch.no_grad(), FlopCounterMode(display=False) as blocks:
+        for block in model.blocks:
+            h = block(h)
+    forward_of_blocks = k * blocks.get_total_flops()
+    assert plain.flops_per_update == ck.plain_flops_per_update == k * step.get_total_flops()
+    assert plain.extra_flops == 0
+    assert 0.5 * forward_of_blocks <= ck.extra_flops <= forward_of_blocks, (ck.extra_flops, forward_of_blocks)
+
+
+def test_trade_offs_defaults_smallest_controls_and_messages() -> None:
+    model = explainer_model("tiny", torch.device("cpu"))
+    lab = costs.TradeOffs(model)
+    row = lab.measure(1, 1, False)  # the sliders' smallest B and K
+    assert (row.micro_batch, row.steps, row.effective_batch) == (1, 1, 1)
+    assert row.time_per_update.runs == 3  # the notebook: "the median of three interleaved micro-steps"
+    with pytest.raises(TypeError, match="^model must be a helpers.models.GPT, got Linear"):
+        costs.TradeOffs(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="^repeats must"):
+        costs.TradeOffs(model, repeats=0)
+
+
+def test_trade_offs_measures_memory_on_at_most_two_micro_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory comes from an update of min(K, 2) micro-steps, measured once per (B, min(K, 2), on)."""
+    from helpers.update_memory import measure_update
+
+    steps_measured: list[int] = []
+
+    def spy(*args: object, **kwargs: object) -> object:
+        steps_measured.append(kwargs["steps"])
+        return measure_update(*args, **kwargs)
+
+    monkeypatch.setattr(costs, "measure_update", spy)
+    lab = costs.TradeOffs(explainer_model("tiny", torch.device("cpu")), repeats=1)
+    for k in (1, 8, 2, 16):
+        lab.measure(1, k, False)
+    assert steps_measured == [1, 2]
+
+
+def test_micro_step_restores_the_wrapper_and_clears_gradients() -> None:
+    model = explainer_model("tiny", torch.device("cpu"))
+    lab = costs.TradeOffs(model, repeats=1)
+
+    def own(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return block(x)
+
+    model.block_wrapper = own
+    lab.micro_step(2, True)()
+    assert model.block_wrapper is own
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_micro_costs_time_without_an_extra_warmup() -> None:
+    """FLOP counting runs each step once (the warm-up); then `repeats` timed runs of each:
+    2 + 2 x 2 = 6 forwards of the model for repeats = 2."""
+    model = explainer_model("tiny", torch.device("cpu"))
+    lab = costs.TradeOffs(model, repeats=2)
+    forwards: list[int] = []
+    handle = model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    try:
+        lab._micro_costs(2)
+    finally:
+        handle.remove()
+    assert len(forwards) == 2 + 2 * 2
+
+
+def test_checkpointed_trade_off_flops_match_the_notebooks_lambda() -> None:
+    """The lab's checkpointed FLOPs against FlopCounterMode around the notebook's own
+    `checkpoint(block, x, use_reentrant=False)` step (issue 16, item 4)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = explainer_model("tiny", torch.device("cpu"))
+    lab = costs.TradeOffs(model, repeats=1)
+    b, k = 2, 3
+    row = lab.measure(b, k, True)
+    idx, targets = token_batch(b, model.cfg.seq_len, model.cfg.vocab_size, seed=0)
+    model.block_wrapper = lambda block, x: checkpoint(block, x, use_reentrant=False)
+    try:
+        with FlopCounterMode(display=False) as counter:
+            lm_loss(model(idx), targets).backward()
+    finally:
+        model.block_wrapper = None
+        model.zero_grad(set_to_none=True)
+    assert row.flops_per_update == k * counter.get_total_flops()

@@ -59,3 +59,12 @@ def test_explore_names_a_selection_by_its_label_and_leaves_fixed_values_out(
     line = next(t for t in capsys.readouterr().out.splitlines() if "Default state" in t)
     assert line.startswith("Default state (budget=58.2 MiB);"), line
     assert "60992105" not in line and "lab=" not in line
+
+
+def test_text_table_pads_every_column_to_its_widest_cell() -> None:
+    text = display.text_table([("a", 1), ("bbb", 22)], ("name", "n"))
+    assert text.splitlines() == ["name  n", "----  --", "a     1", "bbb   22"]
+    with pytest.raises(ValueError, match="row 1 has 1 cells for 2 headers"):
+        display.text_table([("a", 1), ("b",)], ("name", "n"))
+    with pytest.raises(ValueError, match="headers is empty"):
+        display.text_table([], ())

@@ -20,8 +20,8 @@ from helpers.formulas import (
     predicted_update_peak_bytes,
 )
 from helpers.models import GPT, ConvNet, GPTConfig, ResidualMLP, explainer_config, explainer_model, seeded_gpt
-from helpers.phases import ConfigMemory, activation_sweep, measure_update
 from helpers.training import lm_loss
+from helpers.update_memory import ConfigMemory, activation_sweep, measure_update
 
 CPU = torch.device("cpu")
 

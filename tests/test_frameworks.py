@@ -34,6 +34,11 @@ def test_versions_and_missing_agree() -> None:
         assert (found[name] is None) == (name in frameworks.missing(name)), name
 
 
+def test_versions_table_names_every_framework() -> None:
+    table = frameworks.versions_table()
+    assert "framework" in table and "lightning" in table
+
+
 def test_unknown_framework_is_refused() -> None:
     with pytest.raises(ValueError, match="framework='tensorflow' is not allowed"):
         frameworks.missing("tensorflow")

@@ -12,9 +12,9 @@ import matplotlib
 import matplotlib.pyplot as plt
 import pytest
 
-from helpers import plots
-from helpers.phases import ConfigMemory
+from helpers import plot_layout, plots
 from helpers.plots import plot_measured_table
+from helpers.update_memory import ConfigMemory
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,6 +58,13 @@ def test_format_bytes_and_units() -> None:
     assert plots.format_bytes(-2**30) == "-1.0 GiB"
     assert plots.byte_unit(5 * 2**10) == ("KiB", 2**10)
     assert plots.byte_unit(10) == ("B", 1)
+    # one unit per column, the largest value's: never "1.0 MiB" beside "1003.8 KiB"
+    assert plots.byte_column([264.8 * 2**10, 1059 * 2**10]) == ["0.259 MiB", "1.03 MiB"]
+    assert plots.byte_column([1003.8 * 2**10, 12.5 * 2**10, 0]) == ["1003.8 KiB", "12.5 KiB", "0 KiB"]
+    assert plots.byte_column([1000, 8]) == ["1000 B", "8 B"]
+    assert plots.byte_column([132.4 * 2**10], unit_of=2**20) == ["0.129 MiB"]
+    with pytest.raises(ValueError, match="empty"):
+        plots.byte_column([])
     assert plots.format_flops(469_762_048) == "469.76 MFLOP" and plots.format_flops(3.69e9) == "3.69 GFLOP"
     assert plots.format_flops(12) == "12 FLOP" and plots.format_flops(-2e12) == "-2.00 TFLOP"
 
@@ -101,46 +108,6 @@ def _fig(width: float = 7.5, height: float = 3.6) -> tuple[plt.Figure, plt.Axes]
     return fig, ax
 
 
-def test_layout_problems_finds_a_clipped_title_and_passes_a_clean_figure() -> None:
-    fig, ax = _fig(3, 2)
-    ax.plot([0, 1], [0, 1])
-    ax.set_title("a title far too long to fit inside a figure three inches wide")
-    fig.tight_layout()
-    problems = plots.layout_problems(fig)
-    plt.close(fig)
-    assert any("title" in p and "cut" in p for p in problems), problems
-    fig, ax = _fig()
-    ax.plot([0, 1], [0, 1], label="line")
-    ax.set_title("fits")
-    ax.legend(loc="upper left")
-    fig.tight_layout()
-    assert plots.layout_problems(fig) == []
-    plt.close(fig)
-
-
-def test_layout_problems_finds_a_legend_over_bars_powers_small_text_and_overlapping_ticks() -> None:
-    fig, ax = _fig()
-    ax.bar(range(5), [5] * 5, label="bars")
-    ax.legend(loc="center")
-    fig.tight_layout()
-    assert any("legend covers" in p for p in plots.layout_problems(fig))
-    plt.close(fig)
-    fig, ax = _fig()
-    ax.plot([1, 2, 4, 8], [1, 2, 3, 4])
-    ax.set_xscale("log", base=2)
-    ax.set_ylabel("tiny", fontsize=6)
-    fig.tight_layout()
-    problems = plots.layout_problems(fig)
-    plt.close(fig)
-    assert any("power" in p for p in problems) and any("6 pt" in p for p in problems), problems
-    fig, ax = _fig(3, 2)
-    ax.plot([1, 2, 3], [1, 2, 3])
-    ax.set_xticks([1, 2, 3], ["a long label one", "a long label two", "a long label three"])
-    problems = plots.layout_problems(fig)
-    plt.close(fig)
-    assert any("overlap" in p for p in problems), problems
-
-
 def test_show_raises_on_a_clipped_figure_only_under_strict(monkeypatch: pytest.MonkeyPatch) -> None:
     def clipped() -> plt.Figure:
         fig, ax = _fig(2, 1.5)
@@ -167,8 +134,8 @@ def test_plain_ticks_writes_log_ticks_as_plain_numbers() -> None:
     plots.plain_ticks(lin)  # a linear axis is left alone
     fig.tight_layout()
     assert not [p for p in plots.layout_problems(fig) if "power" in p]
-    assert [t.get_text() for t in plots._drawn_ticks(ax.xaxis)] == ["1", "2", "4", "8", "16", "32"]  # noqa: SLF001
-    assert "0.01" in [t.get_text() for t in plots._drawn_ticks(ax.yaxis)]  # noqa: SLF001
+    assert [t.get_text() for t in plot_layout._drawn_ticks(ax.xaxis)] == ["1", "2", "4", "8", "16", "32"]  # noqa: SLF001
+    assert "0.01" in [t.get_text() for t in plot_layout._drawn_ticks(ax.yaxis)]  # noqa: SLF001
     with pytest.raises(ValueError, match="axis"):
         plots.plain_ticks(ax, "z")
     plt.close(fig)

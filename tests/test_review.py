@@ -43,6 +43,20 @@ def test_a_raising_check_is_a_failed_row_and_the_ledger_goes_on() -> None:
     assert "2 passed, 2 failed, 1 waiting" in table
 
 
+def test_a_count_of_one_reads_in_the_singular() -> None:
+    def shown(value: float, unit: str) -> str:
+        return review.format_table(review.run_ledger(progress=False, claims=(
+            _claim("X1", lambda lab: Evidence(True, value, unit, "fine")),)))
+
+    assert "1 forward of the checkpointed blocks" in shown(1.0, "forwards of the checkpointed blocks")
+    assert "1 micro-batch of activations" in shown(1.0, "micro-batches of activations per micro-step")
+    assert "1 sync in 4 micro-steps" in shown(1.0, "syncs in 4 micro-steps")
+    assert "1 clip per update" in shown(1.0, "clips per update")
+    assert "2 clips per update" in shown(2.0, "clips per update")
+    assert "0.998 forwards of" in shown(0.998, "forwards of the checkpointed blocks")
+    assert "1 x parameters" in shown(1.0, "x parameters")
+
+
 def test_main_exit_status(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                           tmp_path: Path) -> None:
     monkeypatch.setattr(review, "CLAIMS", FAKE)

@@ -14,7 +14,8 @@ tests and `scripts/bench.py` use through `lesson_modules()`:
 - `widget_latency_cases(scale, device) -> dict[str, Callable[[], object]]`: one zero-argument
   callable per widget control move, each doing that move's full work.
 - `check_exercise_1`, `check_exercise_2`, ...: the exercise checkers. Each returns one line,
-  "Correct: ..." or a hint, and never raises on a wrong answer; `verdict` writes that line.
+  "Correct: ..." or a hint, and never raises on a wrong answer; `verdict` writes that line,
+  `not_answered` the one for an answer not given yet.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LessonModule", "exercise_checkers", "lesson_modules", "verdict"]
+__all__ = ["LessonModule", "exercise_checkers", "lesson_modules", "not_answered", "verdict"]
 
 _LESSON_NAME = re.compile(r"lesson(\d\d)")
 _CHECKER_NAME = re.compile(r"check_exercise_(\d+)")
@@ -99,6 +100,18 @@ def verdict(ok: bool, correct: str, hint: str) -> str:
     text = f"Correct: {correct}" if ok else f"Not yet. Hint: {hint}"
     print(text)
     return text
+
+
+def not_answered(what: str) -> str:
+    """The line a checker returns while the exercise cell still holds no answer.
+
+    Args:
+        what: what to pass, e.g. "pass a number".
+
+    Returns:
+        "Not answered yet: {what}".
+    """
+    return f"Not answered yet: {what}"
 
 
 def lesson_modules() -> list[ModuleType]:

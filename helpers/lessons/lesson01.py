@@ -33,10 +33,10 @@ from helpers.device import SCALES
 from helpers.formulas import FP32, activation_bytes_per_example, param_counts, predicted_update_peak_bytes
 from helpers.memory import StepMemory, run_or_oom
 from helpers.models import GPT, explainer_config, explainer_model
-from helpers.phases import measure_config, measure_update
 from helpers.plots import BUDGET_LABEL
 from helpers.saved_tensors import origin_group
 from helpers.training import lm_loss
+from helpers.update_memory import measure_config, measure_update
 from helpers.validate import answer_number, choice, non_negative_number, positive_int, positive_number
 
 __all__ = [

@@ -1,4 +1,8 @@
-"""Lesson 02 (notebooks/02_activation_checkpointing.ipynb): sizes, the trade-off widget, exercise checkers."""
+"""Lesson 02 (notebooks/02_activation_checkpointing.ipynb): sizes, the trade-off widget, exercise checkers.
+
+The widget's measuring (memory, FLOPs and time of B x K) is `helpers.costs.TradeOffs`; the
+sqrt(n) chains are `helpers.segments`, the checkpointing itself `helpers.checkpointing`.
+"""
 
 from __future__ import annotations
 
@@ -11,34 +15,22 @@ import torch
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from helpers import plots
-from helpers.checkpointing import (
-    EXERCISE_CHAIN,
-    apply_ac,
-    chain_layer_costs,
-    divisors,
-    make_chain,
-    segment_sweep,
-)
-from helpers.costs import Timing, count_flops, interleaved_times
-from helpers.data import token_batch
+from helpers.costs import TradeOff, TradeOffs
 from helpers.device import SCALES, by_scale
 from helpers.formulas import KORTHIKANTI, gpt_step_peak_bytes, korthikanti_terms
-from helpers.memory import StepMemory, run_or_oom, saved_activation_bytes
+from helpers.memory import saved_activation_bytes
 from helpers.models import (
-    GPT,
     GPTBlock,
     GPTConfig,
     deep_gpt_setup,
-    device_of,
     explainer_config,
     explainer_model,
 )
-from helpers.phases import measure_update
-from helpers.training import OPTIMIZERS, lm_loss
-from helpers.validate import answer_number, bool_arg, choice, instance_arg, int_at_least, positive_int
+from helpers.segments import EXERCISE_CHAIN, chain_layer_costs, divisors, make_chain, segment_sweep
+from helpers.validate import answer_number, choice
 
 __all__ = [
-    "CHAIN_LENGTHS", "REFERENCE_ROWS", "WIDGET_MAX_STEPS", "LessonSizes", "TradeOff", "TradeOffLab",
+    "CHAIN_LENGTHS", "REFERENCE_ROWS", "WIDGET_MAX_STEPS", "LessonSizes", "TradeOffLab",
     "block_shape",
     "chain_shape", "check_exercise_1", "check_exercise_2", "check_exercise_3", "check_exercise_4",
     "exercise_3_measurement", "lesson_sizes", "plot_trade_offs", "predicted_peak_bytes", "selective_shape",
@@ -149,115 +141,17 @@ def predicted_peak_bytes(scale: str) -> int:
     return int(max(candidates))
 
 
-@dataclass(frozen=True)
-class TradeOff:
-    """One configuration: micro-batch B, K accumulation steps, with or without checkpointing.
-
-    Memory comes from a measured update (`helpers.phases.measure_update`), FLOPs
-    from FlopCounterMode on one micro-step times K, time from interleaved
-    micro-step timings times K (shown, not asserted).
-    """
-
-    micro_batch: int
-    steps: int
-    checkpointed: bool
-    memory: StepMemory
-    flops_per_update: int
-    plain_flops_per_update: int
-    time_per_update: Timing
-
-    @property
-    def effective_batch(self) -> int:
-        """Examples per optimizer update: B x K."""
-        return self.micro_batch * self.steps
-
-    @property
-    def extra_flops(self) -> int:
-        """FLOPs per update beyond the same B x K without checkpointing."""
-        return self.flops_per_update - self.plain_flops_per_update
-
-    @property
-    def label(self) -> str:
-        """E.g. '4 x 8, checkpointed'."""
-        return f"{self.micro_batch} x {self.steps}" + (", checkpointed" if self.checkpointed else "")
-
-
 REFERENCE_ROWS = ((8, 4, False), (4, 8, False), (4, 8, True))
 
 
-class TradeOffLab:
-    """Measures `TradeOff`s on one model and caches what a slider move does not change.
-
-    - memory: a measured update of min(K, 2) micro-steps, cached per (B, min(K, 2),
-      checkpointed): from the second micro-step on, the peak is the same for any K
-      (the notebook asserts this once against a full K-step update);
-    - FLOPs and time of one micro-step, with and without checkpointing, cached per B;
-      per update they are K times that (the notebook asserts it for FLOPs).
+class TradeOffLab(TradeOffs):
+    """The widget's lab: `helpers.costs.TradeOffs` on one model, and `show`, the widget's work.
 
     Args:
         model: the GPT measured.
         repeats: timed runs of each micro-step.
         optimizer: a name in `OPTIMIZERS`.
     """
-
-    def __init__(self, model: GPT, *, repeats: int = 3, optimizer: str = "adam") -> None:
-        self.model = instance_arg("model", model, GPT, "helpers.models.GPT")
-        self.repeats = positive_int("repeats", repeats)
-        self.optimizer = choice("optimizer", optimizer, OPTIMIZERS)
-        self._memory: dict[tuple[int, int, bool], StepMemory] = {}
-        self._micro: dict[int, tuple[int, int, Timing, Timing]] = {}
-
-    @staticmethod
-    def mode(checkpointed: bool) -> str:
-        """The `apply_ac` mode: "full" (`checkpoint(block, x, use_reentrant=False)`) or "none"."""
-        return "full" if checkpointed else "none"
-
-    def micro_step(self, micro_batch: int, checkpointed: bool) -> Callable[[], None]:
-        """One forward + backward of `micro_batch` examples (gradients cleared after)."""
-        cfg, model = self.model.cfg, self.model
-        idx, targets = token_batch(micro_batch, cfg.seq_len, cfg.vocab_size, seed=0, device=device_of(model))
-        mode = self.mode(checkpointed)
-
-        def step() -> None:
-            with apply_ac(model, mode):
-                try:
-                    lm_loss(model(idx), targets).backward()
-                finally:
-                    model.zero_grad(set_to_none=True)
-
-        return step
-
-    def _micro_costs(self, b: int) -> tuple[int, int, Timing, Timing]:
-        if b not in self._micro:
-            plain, ckpt = self.micro_step(b, False), self.micro_step(b, True)
-            flops = count_flops(plain), count_flops(ckpt)  # these runs also warm both steps up
-            times = interleaved_times({"plain": plain, "ckpt": ckpt},
-                                      device=device_of(self.model),
-                                      repeats=self.repeats, warmup=0)
-            self._micro[b] = (*flops, times["plain"], times["ckpt"])
-        return self._micro[b]
-
-    def measure(self, micro_batch: int, steps: int, checkpointed: bool) -> TradeOff | None:
-        """The trade-off of B x K (checkpointed or not), or None when CUDA runs out of memory."""
-        int_at_least("micro_batch", micro_batch, 1)
-        int_at_least("steps", steps, 1)
-        bool_arg("checkpointed", checkpointed)
-        key = (micro_batch, min(steps, 2), checkpointed)
-        if key not in self._memory:
-            mem = run_or_oom(lambda: measure_update(self.model, micro_batch=micro_batch, steps=key[1],
-                                                    optimizer=self.optimizer,
-                                                    block_wrapper=self.mode(checkpointed)))
-            if mem is None:
-                return None
-            self._memory[key] = mem
-        costs = run_or_oom(lambda: self._micro_costs(micro_batch))
-        if costs is None:
-            return None
-        plain_flops, ckpt_flops, plain_t, ckpt_t = costs
-        flops = ckpt_flops if checkpointed else plain_flops
-        timing = (ckpt_t if checkpointed else plain_t).scaled(steps)
-        return TradeOff(micro_batch, steps, checkpointed, self._memory[key], steps * flops,
-                        steps * plain_flops, timing)
 
     def show(self, micro_batch: int = 4, steps: int = 8, checkpointed: bool = False) -> None:
         """The widget's work: your B x K beside the explainer's three rows, drawn and printed."""

@@ -1,7 +1,5 @@
 """Lesson 03 (notebooks/03_gradient_accumulation.ipynb): its widgets, plots, sizes and exercise checkers.
 
-- `throughput_sweep(...)`: interleaved, warmed-up timings with their spread
-  (shown, never asserted).
 - `gradient_error(...)` / `show_gradient_error(...)` (max relative error) and
   `show_micro_step_memory(...)`: the widgets' work.
 - `scatter_grads(...)`, `plot_micro_step_memory(...)`: the lesson's plots.
@@ -12,12 +10,13 @@
 
 The instruments it uses live apart: the gradient API (`flat_grad`, `full_batch_grad`,
 `accumulated_grad`, `compare_grads`, `group_gradient`, `angle_degrees`) in `helpers.accumulation`,
-`micro_step_memory` in `helpers.memory`.
+`micro_step_memory` in `helpers.memory`, the throughput sweep (`throughput_sweep`) in
+`helpers.costs`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -29,13 +28,10 @@ from helpers.accumulation import (
     GradDiff,
     LossFn,
     accumulated_grad,
-    check_batch,
-    check_micro_batch,
     clear_grads,
     compare_grads,
     full_batch_grad,
 )
-from helpers.costs import Timing, interleaved_times
 from helpers.device import by_scale
 from helpers.formulas import gpt_activation_bytes, gpt_param_count
 from helpers.lessons import verdict
@@ -50,7 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LessonSizes", "check_exercise_1", "check_exercise_2", "check_exercise_3", "check_exercise_4",
     "gradient_error", "lesson_sizes", "plot_micro_step_memory", "predicted_peak_bytes", "scatter_grads",
-    "show_gradient_error", "show_micro_step_memory", "throughput_sweep", "widget_latency_cases",
+    "show_gradient_error", "show_micro_step_memory", "widget_latency_cases",
 ]
 
 
@@ -189,44 +185,6 @@ def plot_micro_step_memory(ax: Axes, results: dict[str, MicroStepMemory], *,
     ax.set_ylabel("live memory above start\n(x one micro-batch's activations)")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=1)
-
-
-# -- throughput (shown, not asserted) ----------------------------------------------------
-def throughput_sweep(
-    model: nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor,
-    micro_batches: Sequence[int], *, rounds: int = 5,
-) -> dict[int, Timing | None]:
-    """Examples per second of one accumulated update over all of `inputs`, per micro-batch size.
-
-    Timed by `helpers.costs.interleaved_times`: every size runs once to warm up; then
-    `rounds` rounds each time every size once, interleaved, so that a slow spell of a
-    shared machine hits all sizes alike. Timings are for showing, never for asserting.
-
-    Args:
-        model: the model.
-        loss_fn: `loss_fn(model(x), y)` -> a mean loss.
-        inputs, targets: the effective batch.
-        micro_batches: the sizes to time (each 1 to the batch).
-        rounds: timed rounds.
-
-    Returns:
-        {size: `Timing.per_second` (the median and the range, slowest to fastest round), or
-        None for an out-of-memory size}.
-
-    Raises:
-        ValueError: if `micro_batches` is empty.
-    """
-    n = check_batch(inputs, targets)
-    positive_int("rounds", rounds)
-    sizes = list(micro_batches)
-    if not sizes:
-        raise ValueError("micro_batches is empty; give at least one micro-batch size")
-    for m in sizes:
-        check_micro_batch(m, n)
-    work = {m: partial(accumulated_grad, model, loss_fn, inputs, targets, m) for m in sizes}
-    times = interleaved_times(work, device=device_of(model), repeats=rounds, warmup=1, skip_oom=True)
-    clear_grads(model)
-    return {m: times[m].per_second(n) if m in times else None for m in sizes}
 
 
 # -- sizes and the per-lesson protocol ---------------------------------------------------

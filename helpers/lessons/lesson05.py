@@ -4,7 +4,8 @@ The data, losses and measured steps the lesson teaches are in `helpers.tokens`.
 
 - Sizes: `lesson_sizes(scale)` -> `TokenSizes` (data, model, sweeps and widget ranges).
 - Figures: `draw_errors` (gradient errors on a log axis, exact zeros marked),
-  `weight_distance` and `plot_training_curves` (naive vs fix vs full batch over updates).
+  `plot_training_curves` (naive vs fix vs full batch over updates, the drift measured by
+  `helpers.accumulation.weight_distance`).
 - Widget: `show_token_report`, a pure function of (model, B, K, spread).
 - Exercises: `check_exercise_1` to `check_exercise_4`.
 - Per-lesson protocol: `predicted_peak_bytes(scale)` (from `predicted_step_peak_bytes`),
@@ -21,12 +22,12 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
-from torch import nn
 
 from helpers import plots
 from helpers.accumulation import cleared_grads, compare_grads, flat_grad
 from helpers.device import SCALES
 from helpers.formulas import gpt_param_count, predicted_step_peak_bytes
+from helpers.lessons import not_answered
 from helpers.models import GPT, GPTConfig
 from helpers.tokens import (
     IGNORE_INDEX,
@@ -44,7 +45,7 @@ from helpers.validate import choice, number_in_range
 __all__ = [
     "ERROR_FLOOR", "TOLERANCE", "TokenSizes", "check_exercise_1", "check_exercise_2", "check_exercise_3",
     "check_exercise_4", "draw_errors", "lesson_sizes", "plot_training_curves", "predicted_peak_bytes",
-    "show_token_report", "weight_distance", "widget_latency_cases",
+    "show_token_report", "widget_latency_cases",
 ]
 
 ERROR_FLOOR = 1e-9  # an exact-zero error is drawn here on a log axis, with its own marker
@@ -209,26 +210,6 @@ def show_token_report(
     return r
 
 
-def weight_distance(model: nn.Module, reference: nn.Module) -> float:
-    """How far two runs have drifted: ||w - w_ref|| / ||w_ref|| over all parameters (float64).
-
-    Args:
-        model: one run's model.
-        reference: the reference run's model, of the same size.
-
-    Returns:
-        The relative distance.
-
-    Raises:
-        ValueError: if the models differ in size.
-    """
-    w = torch.cat([p.detach().double().flatten().cpu() for p in model.parameters()])
-    ref = torch.cat([p.detach().double().flatten().cpu() for p in reference.parameters()])
-    if w.shape != ref.shape:
-        raise ValueError(f"the models differ in size: {w.numel()} and {ref.numel()} parameters")
-    return ((w - ref).norm() / ref.norm()).item()
-
-
 def plot_training_curves(logged: dict[str, Sequence[float]],
                          drift: dict[str, Sequence[float]]) -> Figure:
     """Logged loss per update (left) and weight distance from the first run (right, log axis).
@@ -266,14 +247,10 @@ def plot_training_curves(logged: dict[str, Sequence[float]],
 
 
 # -- exercises -----------------------------------------------------------------------------
-def _not_answered(what: str) -> str:
-    return f"Not answered yet: {what}"
-
-
 def check_exercise_1(answer: object) -> str:
     """Exercise 1: does sorting by length make the naive error 'larger', 'smaller' or 'same'?"""
     if answer is None:
-        return _not_answered("pass 'larger', 'smaller' or 'same'.")
+        return not_answered("pass 'larger', 'smaller' or 'same'.")
     word = str(answer).strip().lower()
     if word == "larger":
         return ("Correct: sorting puts the long sequences in one micro-batch and the short ones in "
@@ -290,7 +267,7 @@ def check_exercise_2(naive_logged_loss: object, count_raises: object) -> str:
     """Exercise 2: the naive loop's logged loss with an all-padding micro-batch, and
     whether `count_valid_tokens` raised for an all-padding group (True/False)."""
     if naive_logged_loss is None or count_raises is None:
-        return _not_answered("pass naive_step(...).loss and True/False.")
+        return not_answered("pass naive_step(...).loss and True/False.")
     parts = []
     if isinstance(naive_logged_loss, int | float) and math.isnan(naive_logged_loss):
         parts.append("Correct for the naive loop: the empty micro-batch's token mean is 0 / 0, so "
@@ -318,7 +295,7 @@ def check_exercise_3(answer: object) -> str:
     `answer` is an iterable of the variants' names as the notebook spells them.
     """
     if answer is None:
-        return _not_answered("pass the names of the matching variants, e.g. {'...', '...'}.")
+        return not_answered("pass the names of the matching variants, e.g. {'...', '...'}.")
     if isinstance(answer, str) or not isinstance(answer, Iterable):
         return "Pass a set or list of variant names, e.g. {'global count, x W'}."
     given = {str(a).strip() for a in answer}
@@ -343,7 +320,7 @@ def check_exercise_4(loss_fn: object) -> str:
     per-sequence objective (each sequence's token mean, averaged over sequences).
     """
     if loss_fn is None:
-        return _not_answered("pass your function loss_fn(logits, labels, num_sequences_in_group).")
+        return not_answered("pass your function loss_fn(logits, labels, num_sequences_in_group).")
     if not callable(loss_fn):
         return f"Pass a function, got {type(loss_fn).__name__}."
     model = tiny_lm(vocab_size=16, max_len=12, d_model=16, n_layers=1, seed=0)

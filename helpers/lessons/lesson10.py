@@ -6,7 +6,8 @@ frameworks), `helpers.hf` (Transformers), `helpers.accel` (Accelerate),
 and `helpers.tradeoffs` (optimizer in backward, chunked loss, offloading).
 
 - Sizes: `lesson_sizes(scale)` -> `Sizes`; `gpt_config(sizes)`, `lm_samples(sizes, n)`.
-- Text and figures: `framework_table()`, `table(rows, header)`, `plot_pareto(curve, others)`.
+- Figures: `plot_pareto(curve, others)`; tables print with `helpers.display.text_table`, the
+  frameworks' versions with `helpers.frameworks.versions_table`.
 - Widgets: `show_accumulate(micro_batch, steps)` (Accelerate against lesson 05's loop) and
   `BudgetExplorer(sizes, device, curve)` (the compiler's budget at a micro-batch size).
 - Exercises: `check_exercise_1` ... `check_exercise_4`.
@@ -23,9 +24,12 @@ import torch
 from helpers import compiled, frameworks, plots
 from helpers.accumulation import compare_grads
 from helpers.device import SCALES
-from helpers.formulas import korthikanti_terms
+from helpers.display import text_table
+from helpers.formulas import gpt_step_peak_bytes
+from helpers.lessons import not_answered
 from helpers.models import GPT, GPTConfig, seeded_gpt
 from helpers.tokens import count_valid_tokens, fixed_step, split_micro_batches, variable_length_sequences
+from helpers.training import linear_warmup
 from helpers.validate import answer_number, choice, number_in_range, positive_int
 
 __all__ = [
@@ -35,16 +39,13 @@ __all__ = [
     "check_exercise_2",
     "check_exercise_3",
     "check_exercise_4",
-    "framework_table",
     "gpt_config",
     "lesson_sizes",
     "lm_samples",
     "plot_pareto",
     "predicted_peak_bytes",
     "show_accumulate",
-    "table",
     "token_gpt_config",
-    "warmup",
     "widget_latency_cases",
 ]
 
@@ -141,51 +142,7 @@ def lm_samples(sizes: Sizes, n: int, *, seed: int = 0) -> list[tuple[torch.Tenso
                                      spread=SPREAD, seed=seed)
 
 
-def warmup(steps: int) -> Callable[[int], float]:
-    """A linear warmup over `steps` updates, as a `LambdaLR` factor: (u + 1) / steps, then 1.
-
-    Args:
-        steps: warmup updates (>= 1).
-
-    Returns:
-        update -> factor.
-    """
-    positive_int("steps", steps)
-    return lambda u: min(1.0, (u + 1) / steps)
-
-
 # -- text and figures --------------------------------------------------------------------------
-def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
-    """A plain-text table that reads in a saved notebook: columns padded to their widest cell.
-
-    Args:
-        rows: the rows' cells.
-        header: the column names.
-
-    Returns:
-        The table's text.
-    """
-    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def framework_table() -> str:
-    """Each framework's installed version and the seconds its import took in this kernel.
-
-    Returns:
-        The plain-text table.
-    """
-    rows = []
-    for name, version in frameworks.versions().items():
-        seconds = frameworks.IMPORT_SECONDS.get(name)
-        rows.append((name, version or "not installed",
-                     "-" if seconds is None else f"{seconds:.1f} s"))
-    return table(rows, ("framework", "version", "import here, in this order (shared parts count once)"))
-
-
 def plot_pareto(curve: Sequence[compiled.RecomputePoint], others: Sequence[compiled.RecomputePoint],
                 *, highlight: compiled.RecomputePoint | None = None, title: str = "") -> object:
     """Saved activation bytes against recompute FLOPs: the compiled budgets and eager policies.
@@ -251,26 +208,10 @@ def accumulate_errors(micro_batch: int, steps: int, *, scale: str = "small",
     n_group = count_valid_tokens([mb.labels for mb in mbs])
     errors, syncs = [], []
     for loss_fn in (lm_loss, lambda lg, lb: accel.token_loss(lg, lb, n_group, steps)):
-        accelerator = accel.fresh_accelerator(steps, device=device)
-        probe = _GradientProbe(model.parameters())
-        prepared, opt = accelerator.prepare(model, probe)
-        syncs = accel.accumulate_run(accelerator, prepared, opt, [(mb.input_ids, mb.labels) for mb in mbs],
-                                     loss_fn)
-        model.zero_grad(set_to_none=True)
-        errors.append(compare_grads(reference, probe.seen[-1]).max_rel)
+        syncs, grad = accel.stepped_gradient(model, [(mb.input_ids, mb.labels) for mb in mbs], loss_fn, steps,
+                                             device=device)
+        errors.append(compare_grads(reference, grad).max_rel)
     return syncs, errors[0], errors[1]
-
-
-class _GradientProbe(torch.optim.Optimizer):
-    """An 'optimizer' whose step records the flat gradient it would apply and changes nothing."""
-
-    def __init__(self, params: object) -> None:
-        super().__init__(params, {})
-        self.seen: list[torch.Tensor] = []
-
-    @torch.no_grad()
-    def step(self, closure: object = None) -> None:  # noqa: ARG002 - the Optimizer signature
-        self.seen.append(torch.cat([p.grad.flatten() for g in self.param_groups for p in g["params"]]))
 
 
 def show_accumulate(micro_batch: int = 4, steps: int = 4, *, scale: str = "small",
@@ -289,9 +230,9 @@ def show_accumulate(micro_batch: int = 4, steps: int = 4, *, scale: str = "small
     print(f"effective batch B x K = {micro_batch} x {steps} = {micro_batch * steps} padded sequences")
     print("sync_gradients per micro-step: " + " ".join("S" if s else "." for s in syncs)
           + f"  ({sum(syncs)} sync, {len(syncs) - sum(syncs)} accumulate-only)")
-    print(table([("token mean of each micro-batch (naive)", f"{naive:.2e}"),
-                 ("accel.token_loss (group count x K)", f"{recipe:.2e}")],
-                ("loss passed to accelerator.backward", "max_rel vs lesson 05's loop")))
+    print(text_table([("token mean of each micro-batch (naive)", f"{naive:.2e}"),
+                      ("accel.token_loss (group count x K)", f"{recipe:.2e}")],
+                     ("loss passed to accelerator.backward", "max_rel vs lesson 05's loop")))
 
 
 # -- widget 2: the compiler's budget -----------------------------------------------------------
@@ -339,17 +280,13 @@ class BudgetExplorer:
 
 
 # -- exercises ---------------------------------------------------------------------------------
-def _not_answered(what: str) -> str:
-    return f"Not answered yet: {what}"
-
-
 def check_exercise_1(fraction: object) -> str:
     """Exercise 1: the second update's learning rate (a fraction of `learning_rate`) under the
     Trainer's default schedule, with `max_steps=2`. The checker asks the installed Transformers'
     own scheduler (`transformers.get_scheduler`), the one the Trainer builds."""
     value = answer_number(fraction)
     if value is None:
-        return _not_answered("pass a number, e.g. 0.25 for a quarter of the learning rate.")
+        return not_answered("pass a number, e.g. 0.25 for a quarter of the learning rate.")
     import transformers
 
     from helpers.hf import SWITCHED_OFF
@@ -373,22 +310,23 @@ def check_exercise_2(second_lr: object, *, scale: str = "small") -> str:
     """Exercise 2: the second update's learning rate if the scheduler stepped every micro-batch."""
     value = answer_number(second_lr)
     if value is None:
-        return _not_answered("pass a learning rate (a number).")
+        return not_answered("pass a learning rate (a number).")
     s = lesson_sizes(scale)
-    right, per_update = s.lr * warmup(4 * s.k)(s.k), s.lr * warmup(4 * s.k)(1)
+    right, per_update = s.lr * linear_warmup(4 * s.k)(s.k), s.lr * linear_warmup(4 * s.k)(1)
     if abs(value - right) <= 1e-9 + 1e-6 * right:
         return (f"Correct: {right:g}. Stepped per micro-batch, the warmup has advanced K = {s.k} steps "
                 f"by the second update (Lightning issue #1476), instead of 1 ({per_update:g}).")
     if abs(value - per_update) <= 1e-9 + 1e-6 * per_update:
         return (f"That ({per_update:g}) is what Lightning does with interval 'step': one scheduler step "
                 f"per update. Per micro-batch, K = {s.k} steps have passed by the second update.")
-    return "Not quite. The factor is warmup(4K)(u) for scheduler step u; which u is the second update at?"
+    return ("Not quite. The factor is linear_warmup(4K)(u) for scheduler step u; which u is the second "
+            "update at?")
 
 
 def check_exercise_3(policy: object) -> str:
     """Exercise 3: the `CheckpointPolicy` that lets torch.compile save less than the policy asked."""
     if policy is None:
-        return _not_answered("pass a CheckpointPolicy or its name, e.g. 'MUST_SAVE'.")
+        return not_answered("pass a CheckpointPolicy or its name, e.g. 'MUST_SAVE'.")
     name = str(getattr(policy, "name", policy)).strip().upper().removeprefix("CHECKPOINTPOLICY.")
     if name == "PREFER_SAVE":
         return ("Correct: PREFER_SAVE. The partitioner treats it as no constraint and keeps only its own "
@@ -407,7 +345,7 @@ def check_exercise_4(steps: object, *, scale: str = "small") -> str:
     """Exercise 4: optimizer steps each parameter takes in one update of K micro-batches, in backward."""
     value = answer_number(steps)
     if value is None:
-        return _not_answered("pass a number: read optimizers[p].state[p]['step'] after one update.")
+        return not_answered("pass a number: read optimizers[p].state[p]['step'] after one update.")
     k = lesson_sizes(scale).k
     if value == k:
         return (f"Correct: {k}. Each micro-batch's backward completes every gradient once, and the hook "
@@ -420,21 +358,15 @@ def predicted_peak_bytes(scale: str) -> int:
     """Predicted peak of lesson 10's largest experiment at `scale`, in bytes (float32).
 
     The larger of: the full (not chunked) cross-entropy, which holds about three logits-sized
-    tensors (logits, softmax, their gradient) beside the head and its gradient; and one step
-    of the lesson's GPT at the widget's largest micro-batch, from Korthikanti's per-layer
-    activations (fp32, CPU masks) plus 16 bytes per parameter and three logits tensors.
+    tensors (logits, softmax, their gradient) beside the head and its gradient; and one Adam
+    step of the lesson's GPT at the widget's largest micro-batch (`gpt_step_peak_bytes`:
+    Korthikanti's per-layer activations in fp32 with CPU masks, 16 bytes per parameter, three
+    logits tensors).
     """
     s = lesson_sizes(scale)
     logits = s.ce_tokens * s.ce_vocab * 4
     ce = 3 * logits + 2 * 4 * s.ce_vocab * s.d_model + 2 * 4 * s.ce_tokens * s.d_model
-    b = max(s.widget_b, s.micro_batch)
-    cfg = gpt_config(s)
-    per_layer = sum(korthikanti_terms(s=cfg.seq_len, b=b, h=cfg.d_model, a=cfg.n_heads, act_bytes=4,
-                                      mask_bytes=4, dropout=False).values())
-    params = sum(p.numel() for p in GPT(cfg).parameters()) if scale in ("tiny", "small") else (
-        12 * cfg.n_layers * cfg.d_model**2 + 2 * cfg.vocab_size * cfg.d_model)
-    gpt = int(cfg.n_layers * per_layer + 16 * params + 3 * b * cfg.seq_len * cfg.vocab_size * 4)
-    return int(max(ce, gpt))
+    return int(max(ce, gpt_step_peak_bytes(gpt_config(s), max(s.widget_b, s.micro_batch))))
 
 
 def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:

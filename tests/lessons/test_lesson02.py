@@ -7,7 +7,7 @@ import dataclasses
 import matplotlib.pyplot as plt
 import pytest
 import torch
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint
+from torch.utils.checkpoint import CheckpointPolicy
 
 from helpers import checkpointing as ckpt
 from helpers import costs
@@ -123,14 +123,6 @@ def test_exercise_3_checker_agrees_with_the_lessons_own_measurement() -> None:
         ckpt.make_chain(4, 8, "relu-linear")
 
 
-@pytest.mark.cuda
-def test_cuda_trade_off_checkpointing_lowers_allocator_peak() -> None:
-    lab = lesson02.TradeOffLab(explainer_model("tiny", torch.device("cuda")), repeats=1)
-    plain, checkpointed = lab.measure(2, 2, False), lab.measure(2, 2, True)
-    assert checkpointed.memory.method == "cuda-allocator"
-    assert checkpointed.memory.peak_bytes < plain.memory.peak_bytes
-
-
 def test_exercise_2_checker_leaves_the_global_rng_alone() -> None:
     state = torch.random.get_rng_state()
     assert lesson02.check_exercise_2(None).startswith("Hint")
@@ -138,39 +130,10 @@ def test_exercise_2_checker_leaves_the_global_rng_alone() -> None:
     assert torch.equal(torch.random.get_rng_state(), state)
 
 
-def test_trade_off_flops_against_an_independent_count() -> None:
-    """TradeOffLab's FLOPs against FlopCounterMode around the lesson's own step (issue 16).
-
-    Plain: K x one `lm_loss(model(idx), targets).backward()`, counted here. Checkpointed: the
-    extra is the recomputation, at most one forward of every block (counted here, block by
-    block) and at least half of it (non-reentrant checkpoint stops recomputing early, once
-    every tensor backward needs is back, so the blocks' last matmuls may be skipped).
-    """
-    from torch.utils.flop_counter import FlopCounterMode
-
-    model = explainer_model("tiny", torch.device("cpu"))
-    lab = lesson02.TradeOffLab(model, repeats=1)
-    b, k = 2, 3
-    plain, ck = lab.measure(b, k, False), lab.measure(b, k, True)
-    cfg = model.cfg
-    idx, targets = token_batch(b, cfg.seq_len, cfg.vocab_size, seed=0)
-    with FlopCounterMode(display=False) as step:
-        lm_loss(model(idx), targets).backward()
-    model.zero_grad(set_to_none=True)
-    h = torch.randn(b, cfg.seq_len, cfg.d_model)
-    with torch.no_grad(), FlopCounterMode(display=False) as blocks:
-        for block in model.blocks:
-            h = block(h)
-    forward_of_blocks = k * blocks.get_total_flops()
-    assert plain.flops_per_update == ck.plain_flops_per_update == k * step.get_total_flops()
-    assert plain.extra_flops == 0
-    assert 0.5 * forward_of_blocks <= ck.extra_flops <= forward_of_blocks, (ck.extra_flops, forward_of_blocks)
-
-
 def test_result_objects_are_frozen() -> None:
     timing = costs.Timing(1.0, 0.5, 2.0, 3)
     point = ckpt.SegmentPoint(2, 10, 20)
-    row = lesson02.TradeOff(2, 4, False, None, 8, 8, timing)  # type: ignore[arg-type]
+    row = costs.TradeOff(2, 4, False, None, 8, 8, timing)  # type: ignore[arg-type]
     for obj, field in ((timing, "median"), (point, "saved_bytes"), (row, "steps")):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(obj, field, 0)
@@ -236,83 +199,7 @@ def test_trade_off_reference_rows_and_labels() -> None:
     assert [b * k for b, k, _ in lesson02.REFERENCE_ROWS] == [32, 32, 32]
     assert [(b, on) for b, _, on in lesson02.REFERENCE_ROWS] == [(8, False), (4, False), (4, True)]
     timing = costs.Timing(1.0, 1.0, 1.0, 1)
-    assert lesson02.TradeOff(8, 4, False, None, 0, 0, timing).label == "8 x 4"  # type: ignore[arg-type]
-
-
-def test_trade_off_lab_defaults_smallest_controls_and_messages() -> None:
-    model = explainer_model("tiny", torch.device("cpu"))
-    lab = lesson02.TradeOffLab(model)
-    row = lab.measure(1, 1, False)  # the sliders' smallest B and K
-    assert (row.micro_batch, row.steps, row.effective_batch) == (1, 1, 1)
-    assert row.time_per_update.runs == 3  # the notebook: "the median of three interleaved micro-steps"
-    with pytest.raises(TypeError, match="^model must be a helpers.models.GPT, got Linear"):
-        lesson02.TradeOffLab(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="^repeats must"):
-        lesson02.TradeOffLab(model, repeats=0)
-
-
-def test_trade_off_lab_measures_memory_on_at_most_two_micro_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Memory comes from an update of min(K, 2) micro-steps, measured once per (B, min(K, 2), on)."""
-    from helpers.phases import measure_update
-
-    steps_measured: list[int] = []
-
-    def spy(*args: object, **kwargs: object) -> object:
-        steps_measured.append(kwargs["steps"])
-        return measure_update(*args, **kwargs)
-
-    monkeypatch.setattr(lesson02, "measure_update", spy)
-    lab = lesson02.TradeOffLab(explainer_model("tiny", torch.device("cpu")), repeats=1)
-    for k in (1, 8, 2, 16):
-        lab.measure(1, k, False)
-    assert steps_measured == [1, 2]
-
-
-def test_micro_step_restores_the_wrapper_and_clears_gradients() -> None:
-    model = explainer_model("tiny", torch.device("cpu"))
-    lab = lesson02.TradeOffLab(model, repeats=1)
-
-    def own(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return block(x)
-
-    model.block_wrapper = own
-    lab.micro_step(2, True)()
-    assert model.block_wrapper is own
-    assert all(p.grad is None for p in model.parameters())
-
-
-def test_micro_costs_time_without_an_extra_warmup() -> None:
-    """FLOP counting runs each step once (the warm-up); then `repeats` timed runs of each:
-    2 + 2 x 2 = 6 forwards of the model for repeats = 2."""
-    model = explainer_model("tiny", torch.device("cpu"))
-    lab = lesson02.TradeOffLab(model, repeats=2)
-    forwards: list[int] = []
-    handle = model.register_forward_pre_hook(lambda module, args: forwards.append(1))
-    try:
-        lab._micro_costs(2)
-    finally:
-        handle.remove()
-    assert len(forwards) == 2 + 2 * 2
-
-
-def test_checkpointed_trade_off_flops_match_the_notebooks_lambda() -> None:
-    """The lab's checkpointed FLOPs against FlopCounterMode around the notebook's own
-    `checkpoint(block, x, use_reentrant=False)` step (issue 16, item 4)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    model = explainer_model("tiny", torch.device("cpu"))
-    lab = lesson02.TradeOffLab(model, repeats=1)
-    b, k = 2, 3
-    row = lab.measure(b, k, True)
-    idx, targets = token_batch(b, model.cfg.seq_len, model.cfg.vocab_size, seed=0)
-    model.block_wrapper = lambda block, x: checkpoint(block, x, use_reentrant=False)
-    try:
-        with FlopCounterMode(display=False) as counter:
-            lm_loss(model(idx), targets).backward()
-    finally:
-        model.block_wrapper = None
-        model.zero_grad(set_to_none=True)
-    assert row.flops_per_update == k * counter.get_total_flops()
+    assert costs.TradeOff(8, 4, False, None, 0, 0, timing).label == "8 x 4"  # type: ignore[arg-type]
 
 
 def test_widget_latency_cases_name_every_slider_end() -> None:

@@ -13,7 +13,7 @@ from helpers.device import SCALES
 from helpers.lessons import lesson10 as lab
 from helpers.memory import measure_step
 from helpers.models import seeded_gpt
-from helpers.training import lm_loss
+from helpers.training import linear_warmup, lm_loss
 
 matplotlib.use("Agg")
 CI = os.environ.get("CI", "").lower() == "true"
@@ -51,14 +51,6 @@ def test_predicted_peak_is_above_the_largest_measured_experiments(scale: str) ->
     gpt_peak = measure_step(step, model=gpt, optimizer=opt).peak_bytes
     assert predicted >= max(ce.peak_bytes, gpt_peak), (predicted, ce.peak_bytes, gpt_peak)
     assert predicted <= 3 * max(ce.peak_bytes, gpt_peak)  # safe, but not a blind overestimate
-
-
-def test_table_and_warmup() -> None:
-    text = lab.table([("a", 1), ("bbb", 22)], ("name", "n"))
-    assert text.splitlines() == ["name  n", "----  --", "a     1", "bbb   22"]
-    w = lab.warmup(4)
-    assert [w(u) for u in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    assert "framework" in lab.framework_table() and "lightning" in lab.framework_table()
 
 
 def test_plot_pareto_draws_every_point() -> None:
@@ -109,9 +101,9 @@ def test_exercise_1_asks_the_installed_scheduler() -> None:
 
 def test_exercises_2_to_4() -> None:
     s = lab.lesson_sizes("small")
-    right = s.lr * lab.warmup(4 * s.k)(s.k)
+    right = s.lr * linear_warmup(4 * s.k)(s.k)
     assert lab.check_exercise_2(right).startswith("Correct")
-    assert "what Lightning does" in lab.check_exercise_2(s.lr * lab.warmup(4 * s.k)(1))
+    assert "what Lightning does" in lab.check_exercise_2(s.lr * linear_warmup(4 * s.k)(1))
     assert lab.check_exercise_2("x").startswith("Not answered")
     assert lab.check_exercise_3("PREFER_SAVE").startswith("Correct")
     assert lab.check_exercise_3(torch.utils.checkpoint.CheckpointPolicy.PREFER_SAVE).startswith("Correct")
