@@ -125,7 +125,12 @@ _mb = format_bytes  # one convention for every size the planner prints: KiB, MiB
 
 
 class NoPlanError(ValueError):
-    """`recommend`'s refusal: nothing fits. The message says why in human units; the fields keep the bytes."""
+    """`recommend`'s refusal: nothing fits. The message says why, in KiB/MiB/GiB.
+
+    Attributes:
+        budget_bytes: the budget that nothing fits, in bytes.
+        floor_bytes: the plain profile's floor (parameters + gradients + optimizer state), in bytes.
+    """
 
     def __init__(self, message: str, budget_bytes: float, floor_bytes: int) -> None:
         super().__init__(message)
