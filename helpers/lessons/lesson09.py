@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,9 +21,13 @@ from helpers.planner import MemoryProfile, recommend
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
 from helpers.validate import answer_number, choice, positive_int, positive_number
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 __all__ = [
     "CHECK_MICRO_BATCH", "LessonSizes", "check_config", "check_exercise_1", "check_exercise_2",
-    "check_exercise_3", "lesson_sizes", "logits_memory", "per_example_bytes", "predicted_peak_bytes",
+    "check_exercise_3", "ESTIMATOR_COLORS",
+    "estimators_figure", "lesson_sizes", "logits_memory", "per_example_bytes", "predicted_peak_bytes",
     "show_plan", "widget_latency_cases",
 ]
 
@@ -91,6 +96,61 @@ def show_plan(
         title=f"{preset}: {b} x {k}{' checkpointed' if checkpoint else ''}",
     )
     plots.show(fig)
+
+
+ESTIMATOR_COLORS = {
+    "parameters": "#4C72B0", "gradients": "#55A868", "optimizer_state": "#8172B2",
+    "floor": "#2B2B2B", "activations and other": "#DD8452", "optimizer-step temporaries": "#C9A227",
+}
+
+
+def estimators_figure(profiles: dict[str, dict[str, MemoryProfile]], n_params: int,
+                      budget_bytes: float) -> Figure:
+    """Weights-only and 16 B/param estimates beside the profiled peaks at micro-batch 1, one axes per case.
+
+    Args:
+        profiles: {case: {"none": plain profile, ...}}, e.g. full fine-tune and LoRA.
+        n_params: the model's parameter count (the estimates are 4 and 16 bytes per parameter).
+        budget_bytes: where to draw the card's budget line.
+
+    Returns:
+        The figure: two profiled bars, the forward/backward peak (floor + activations and other) and the
+        optimizer step's peak (floor + its temporaries), each block in its own colour, with one
+        legend for both axes.
+    """
+    from helpers import plots
+
+    positive_int("n_params", n_params)
+    budget = positive_number("budget_bytes", budget_bytes)
+    fig, axes = plots.figure(len(profiles), width=10, height=3.8)
+    unit = 2**30
+    seen: dict[str, object] = {}
+    for ax, (name, prof) in zip(axes, profiles.items(), strict=True):
+        plain = prof["none"]
+        floor, passes, step = plain.floor_bytes, plain.forward_peak(1), plain.optimizer_peak(1)
+        bars = {"weights\nonly": {"parameters": 4 * n_params},
+                "16 B/\nparam": {"parameters": 4 * n_params, "gradients": 4 * n_params,
+                               "optimizer_state": 8 * n_params},
+                "ours:\nfwd/bwd": {"floor": floor, "activations and other": max(0, passes - floor)},
+                "ours:\nopt. step": {"floor": floor, "optimizer-step temporaries": max(0, step - floor)}}
+        peak = max(passes, step)
+        for x, parts in enumerate(bars.values()):
+            bottom = 0.0
+            for cat, v in parts.items():
+                seen[cat] = ax.bar(x, v / unit, bottom=bottom, color=ESTIMATOR_COLORS[cat], width=0.6)
+                bottom += v / unit
+        ax.set_xticks(range(len(bars)), list(bars))
+        ax.axhline(budget / unit, color="crimson", ls="--", lw=1.2)
+        ax.annotate(f"budget {plots.format_bytes(budget)}", (0.0, budget / unit),
+                    xycoords=("axes fraction", "data"), xytext=(2, 2), textcoords="offset points",
+                    ha="left", va="bottom", color="crimson", fontsize=9)
+        ax.set_ylim(0, 1.25 * max(peak, 16 * n_params, budget) / unit)
+        ax.set_ylabel("GiB")
+        ax.set_title(name)
+    order = [c for c in ESTIMATOR_COLORS if c in seen]
+    axes[-1].legend([seen[c] for c in order], [c.replace("_", " ") for c in order], fontsize=8,
+                    loc="upper left", bbox_to_anchor=(1.0, 1.0))  # one legend for both axes, outside them
+    return fig
 
 
 def check_config(scale: str) -> GPTConfig:
