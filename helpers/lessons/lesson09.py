@@ -33,14 +33,19 @@ __all__ = [
 
 
 def show_plan(
-    preset: str = "gpt2-xl",
-    seq_len: int = 1024,
+    preset: str = "llama-3.2-1b",
+    seq_len: int = 2048,
     micro_batch: int = 4,
     accumulation_steps: int = 8,
     checkpoint: bool = False,
     budget_gb: float = 24.0,
+    precision: str = "bf16",
 ) -> None:
-    """One widget move: the predicted peak of B x K for a preset, the estimates, and the planner's choice."""
+    """One widget move: the predicted peak of B x K for a preset, the estimates, and the planner's choice.
+
+    The default is the lesson's case: Llama-3.2-1B, sequences of 2,048, bf16 mixed precision, a 24 GB
+    card (`budget_gb` is the card's marketed size in decimal GB; everything printed is in GiB).
+    """
     from helpers import plots
 
     b = positive_int("micro_batch", micro_batch)
@@ -52,18 +57,20 @@ def show_plan(
     except ValueError as err:
         print(f"no profile: {err}")
         return
-    plain = preset_profile(preset, spec.seq_len, "none")
-    ckpt = preset_profile(preset, spec.seq_len, "blocks")
+    precision = choice("precision", precision, ("fp32", "bf16"))
+    plain = preset_profile(preset, spec.seq_len, "none", precision=precision)
+    ckpt = preset_profile(preset, spec.seq_len, "blocks", precision=precision)
     profile = ckpt if checkpoint else plain
     peak = profile.predict_peak(b, accumulation_steps=k)
     n = param_count(cfg)
-    print(f"{preset} ({cfg.name}), sequence {spec.seq_len}: {n / 1e9:.2f} B parameters; Adam fp32, "
-          "CUDA target")
+    print(f"{preset} ({cfg.name}), sequence {spec.seq_len}: {n / 1e9:.2f} B parameters; Adam, "
+          f"{'bf16 mixed precision' if precision == 'bf16' else 'fp32'}, CUDA target")
     print(f"effective batch B x K = {b} x {k} = {b * k}{', checkpointed' if checkpoint else ''}")
     fits = peak <= usable
     print(
-        f"predicted peak {peak / GB:.1f} GB ({profile.binding_phase(b, accumulation_steps=k)} phase binds) "
-        f"-> {'fits' if fits else 'does NOT fit'} in {usable / GB:.1f} GB "
+        f"predicted peak {plots.format_bytes(peak)} "
+        f"({profile.binding_phase(b, accumulation_steps=k)} phase binds) "
+        f"-> {'fits' if fits else 'does NOT fit'} in {plots.format_bytes(usable)} "
         f"(after a {DEFAULT_CUDA_MARGIN:.0%} CUDA margin)"
     )
     print(margin_line(budget, usable))
@@ -72,8 +79,8 @@ def show_plan(
         print(f"planner for {b * k} examples per update: {plan.describe()}\n  {plan.reason}")
     except ValueError as err:
         print(
-            f"planner: no plan. The floor is {plain.floor_bytes / GB:.1f} GB; shard, offload or lower the "
-            f"precision of the model state ({str(err).split('Remedies for the model state: ')[-1]})"
+            f"planner: no plan. The floor is {plots.format_bytes(plain.floor_bytes)}; shard, offload or "
+            f"lower the precision of the model state ({str(err).split('Remedies for the model state: ')[-1]})"
         )
     fig, (ax,) = plots.figure(width=7.0, height=3.0)
     acts = profile.activations(b) + profile.other_bytes + profile.other_bytes_per_example * b
@@ -92,7 +99,7 @@ def show_plan(
         ax,
         bars,
         budget=budget,
-        budget_label=f"{budget / GB:.0f} GB card (a budget: nothing allocated)",
+        budget_label=f"{budget / GB:.0f} GB card = {plots.format_bytes(budget)} (a budget, not allocated)",
         title=f"{preset}: {b} x {k}{' checkpointed' if checkpoint else ''}",
     )
     plots.show(fig)
