@@ -17,6 +17,7 @@ from torch import nn
 
 from helpers.meta_profile import CHECKPOINTS, PURE_BF16_WARNING, Profiler, StepProfile
 from helpers.planner import CAVEATS, MemoryProfile, Plan, recommend, remedy_floors
+from helpers.plots import format_bytes
 from helpers.preset_profiles import PRESET_MICRO_BATCHES, arch_profile, preset_profile
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB
 from helpers.validate import ArgTypeError, choice, number_in_range, positive_number
@@ -36,22 +37,22 @@ def reported_card_bytes(budget_bytes: float) -> float:
     return round(gb) * 2**30 if round(gb) >= 1 and abs(gb - round(gb)) < 1e-9 else float(budget_bytes)
 
 
-def _both_units(n: float) -> str:
-    return f"{n / GB:.2f} GB ({n / 2**30:.2f} GiB)" if n >= 0.5 * GB else _fmt(n)
-
-
 def margin_line(budget_bytes: float, usable_bytes: float) -> str:
-    """The budget in both units, and the margin as a share of the budget and of the card it stands for."""
+    """The budget and what the plan may use, in GiB, and the margin as a share of the budget and of the card.
+
+    Decimal GB appear once, only where a budget of N GB stands for a card sold as "N GB".
+    """
     card = reported_card_bytes(budget_bytes)
     kept = budget_bytes - usable_bytes
-    text = f"budget {_both_units(budget_bytes)}, planning within {_both_units(usable_bytes)}"
+    n = round(budget_bytes / GB)
+    sold = f'{n} GB (decimal, as cards are sold) = ' if card != budget_bytes else ""
+    text = f"budget {sold}{_fmt(budget_bytes)}, planning within {_fmt(usable_bytes)}"
     if kept <= 0:
         return text + " (no margin)"
     text += f": the margin keeps {kept / budget_bytes:.0%} of the budget free"
     if card != budget_bytes:
-        n = round(budget_bytes / GB)
-        text += (f", {1 - usable_bytes / card:.0%} of a card sold as {n} GB, which reports about {n} GiB = "
-                 f"{card / GB:.1f} GB (--budget {n}GiB plans for all of it)")
+        text += (f", {1 - usable_bytes / card:.0%} of a card sold as {n} GB, which reports about "
+                 f"{_fmt(card)} (--budget {n}GiB plans for all of it)")
     return text
 
 
@@ -62,8 +63,15 @@ _PRECISION_WORDS = {
 }
 
 
-def _fmt(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
+_fmt = format_bytes  # one convention throughout: KiB, MiB, GiB, one decimal
+
+
+def _count(n: int) -> str:
+    """A parameter count in words: 1.24 B, 124.4 M, 12.3 k, or the plain count below a thousand."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.{2 if unit == 'B' else 1}f} {unit}"
+    return str(n)
 
 
 @dataclass
@@ -173,7 +181,7 @@ class PlanReport:
     def table(self) -> str:
         """The report as plain-text tables."""
         lines = [
-            f"{self.model}: {self.n_params / 1e9:.3f} B parameters, {self.spec}",
+            f"{self.model}: {_count(self.n_params)} parameters, {self.spec}",
             f"trainable: {self.trainable} ({self.n_trainable:,} of {self.n_params:,} parameters "
             f"require grad; only they have gradients and optimizer state)",
             f"floor {_fmt(self.profiles['plain'].floor_bytes)}: {self.floor_bytes_per_param:.2f} bytes per "
@@ -184,11 +192,12 @@ class PlanReport:
             "",
         ]
         cats = ("parameters", "gradients", "optimizer_state", "activations", "other")
-        head = f"{'micro-batch 1, K>=2':34s}" + "".join(f"{c[:11]:>12s}" for c in cats) + f"{'total':>12s}"
+        head = (f"{'micro-batch 1, K>=2':34s}" + "".join(f"{c.replace('_', ' '):>16s}" for c in cats)
+                + f"{'total':>12s}")
         lines.append(head)
         for mode, s in self.steps.items():
             for name, b in s.phases.items():
-                row = f"{mode + ': ' + name:34s}" + "".join(f"{_fmt(b[c]):>12s}" for c in cats)
+                row = f"{mode + ': ' + name:34s}" + "".join(f"{_fmt(b[c]):>16s}" for c in cats)
                 lines.append(row + f"{_fmt(sum(b.values())):>12s}")
         lines.append("")
         for mode, p in self.profiles.items():

@@ -40,12 +40,14 @@ from helpers.estimates import (
 )
 from helpers.formulas import korthikanti_activation_bytes
 from helpers.memory_profile import MemoryProfile, fit_profile
+from helpers.plots import format_bytes
 from helpers.validate import positive_int, positive_number
 
 __all__ = [
     "CAVEATS", "DECISION_RULE", "EIGHT_BIT", "FSDP", "GB", "MIXED_PRECISION", "PURE_BF16", "REMEDIES",
     "RULE_COROLLARY",
-    "Estimate", "MemoryProfile", "Plan", "RemedyFloor", "decision_rule", "fit_profile", "popular_estimates",
+    "Estimate", "MemoryProfile", "NoPlanError", "Plan", "RemedyFloor", "decision_rule", "fit_profile",
+    "popular_estimates",
     "korthikanti_activation_bytes", "recommend", "remedy_floors",
 ]
 
@@ -113,14 +115,27 @@ class Plan:
         return self.micro_batch * self.accumulation_steps
 
     def describe(self) -> str:
-        """E.g. '4 x 8, checkpointed (predicted peak 12.3 MB)'."""
+        """E.g. '4 x 8, checkpointed (predicted peak 12.3 MiB)'."""
         ck = ", checkpointed" if self.checkpoint else ""
         peak = _mb(self.predicted_peak_bytes)
         return f"{self.micro_batch} x {self.accumulation_steps}{ck} (predicted peak {peak})"
 
 
-def _mb(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.2f} MiB"
+_mb = format_bytes  # one convention for every size the planner prints: KiB, MiB, GiB, one decimal
+
+
+class NoPlanError(ValueError):
+    """`recommend`'s refusal: nothing fits. The message says why, in KiB/MiB/GiB.
+
+    Attributes:
+        budget_bytes: the budget that nothing fits, in bytes.
+        floor_bytes: the plain profile's floor (parameters + gradients + optimizer state), in bytes.
+    """
+
+    def __init__(self, message: str, budget_bytes: float, floor_bytes: int) -> None:
+        super().__init__(message)
+        self.budget_bytes = budget_bytes
+        self.floor_bytes = floor_bytes
 
 
 Verify = Callable[[int, int, bool], int]
@@ -185,7 +200,8 @@ def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
     the profile measured (`MemoryProfile.micro_batches`) says so in its reason: that peak is
     extended from larger sizes, not measured. Raises `ValueError`
     for a budget or effective batch that is not positive, for a `min_micro_batch` above the
-    effective batch, and when nothing fits: that message names the floor in bytes, says whether
+    effective batch, and `NoPlanError` (a `ValueError`) when nothing fits: its message names the
+    budget and the floor in KiB/MiB/GiB (its `budget_bytes` and `floor_bytes` keep the bytes), says whether
     the floor, the optimizer step or the minimum micro-batch is what does not fit, and lists the
     remedies for model state.
     """
@@ -223,8 +239,8 @@ def recommend(budget_bytes: float, effective_batch: int, plain: MemoryProfile,
                       f"{effective_batch}. {_step(5)}" + _skipped(skipped, budget)
                       + _unmeasured(checkpointed, b, verify))
             return Plan(b, k, True, peak, reason, budget)
-    raise ValueError(_refusal(budget, effective_batch, sizes[-1], min_micro_batch, smallest, plain,
-                              checkpointed) + _skipped(skipped, budget))
+    raise NoPlanError(_refusal(budget, effective_batch, sizes[-1], min_micro_batch, smallest, plain,
+                               checkpointed) + _skipped(skipped, budget), budget, plain.floor_bytes)
 
 
 def _refusal(budget: float, effective_batch: int, b: int, min_micro_batch: int, smallest: float,
@@ -237,11 +253,11 @@ def _refusal(budget: float, effective_batch: int, b: int, min_micro_batch: int, 
         where, step = "the budget is below the floor itself", _step(2)
     else:
         with_ckpt = ("" if checkpointed is None else " without checkpointing, "
-                     f"{checkpointed.predict_peak(b, accumulation_steps=k)} bytes with it")
-        where = (f"the floor fits, but even micro-batch {b} does not (predicted {round(smallest)} bytes"
+                     f"{_mb(checkpointed.predict_peak(b, accumulation_steps=k))} with it")
+        where = (f"the floor fits, but even micro-batch {b} does not (predicted {_mb(smallest)}"
                  f"{with_ckpt})")
         if optimizer_step > budget:
-            where += f", and the optimizer step alone peaks at {optimizer_step} bytes"
+            where += f", and the optimizer step alone peaks at {_mb(optimizer_step)}"
             step = _step(2)
         elif min_micro_batch > 1:
             step = (f"{_step(3)} A minimum below {min_micro_batch} may fit, at the cost of throughput; "
@@ -249,8 +265,8 @@ def _refusal(budget: float, effective_batch: int, b: int, min_micro_batch: int, 
         else:
             step = "Even one example's activations do not fit beside the floor; shrink the model state."
     return (
-        f"Nothing fits in a budget of {round(budget)} bytes for an effective batch of {effective_batch} "
+        f"Nothing fits in a budget of {_mb(budget)} for an effective batch of {effective_batch} "
         f"(micro-batch >= {min_micro_batch}): the floor (parameters + gradients + optimizer state) is "
-        f"{floor} bytes, and {where}. Accumulation and checkpointing only shrink activations; they never "
+        f"{_mb(floor)}, and {where}. Accumulation and checkpointing only shrink activations; they never "
         f"lower the floor. {step} Remedies for the model state: {'; '.join(REMEDIES)}."
     )

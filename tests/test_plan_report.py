@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 
 import pytest
 
@@ -12,7 +13,14 @@ from helpers.architectures import ArchConfig, CausalLM, param_count
 from helpers.memory_profile import MemoryProfile
 from helpers.meta_profile import BatchSpec, Profiler
 from helpers.peak_envelope import PeakEnvelope
-from helpers.plan_report import arch_profile, margin_line, plan_model, preset_profile, reported_card_bytes
+from helpers.plan_report import (
+    _count,
+    arch_profile,
+    margin_line,
+    plan_model,
+    preset_profile,
+    reported_card_bytes,
+)
 from helpers.presets import parse_budget, preset_spec
 
 # -- preset_profile: a 1- and a 2-block copy, exact at every micro-batch ------------------------------
@@ -106,12 +114,13 @@ def test_a_budget_in_gb_stands_for_a_card_that_reports_gib() -> None:
     assert reported_card_bytes(parse_budget("24 GiB")) == 24 * 2**30  # already what it reports
     assert reported_card_bytes(23.5e9) == 23.5e9  # not a whole number of GB: taken as it is
     line = margin_line(24e9, 0.9 * 24e9)
-    assert "24.00 GB (22.35 GiB)" in line and "10% of the budget" in line
+    assert line.startswith("budget 24 GB (decimal, as cards are sold) = 22.4 GiB, planning within 20.1 GiB")
+    assert line.count(" GB") == 2 and "10% of the budget" in line  # GB only for the card as sold
     free = 1 - 0.9 * 24e9 / (24 * 2**30)
     assert f"{free:.0%} of a card sold as 24 GB" in line and f"{free:.0%}" == "16%"
     assert "--budget 24GiB" in line
     gib = margin_line(24 * 2**30, 0.9 * 24 * 2**30)
-    assert "24.00 GiB" in gib and "of a card" not in gib
+    assert gib.startswith("budget 24.0 GiB, planning within 21.6 GiB") and " GB" not in gib
     assert margin_line(1e9, 1e9).endswith("(no margin)")
 
 
@@ -160,3 +169,18 @@ def test_lesson00_command_gives_the_largest_plan_that_fits(capsys: pytest.Captur
     assert fits, "some micro-batch from 4 up fits in 8 GiB"
     b = fits[0]
     assert f"PLAN: {b} x {32 // b} " in out
+
+
+def test_the_report_prints_one_byte_convention_and_whole_column_names(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Every size in the report is format_bytes' (one decimal), the columns are not cut, and a small
+    model's parameter count is not "0.000 B" (issue 24)."""
+    assert (_count(1_235_814_400), _count(124_439_808), _count(12_345), _count(850)) == (
+        "1.24 B", "124.4 M", "12.3 k", "850")
+    assert plan.main(["--preset", "gpt2-small", "--seq-len", "64", "--budget", "1GiB",
+                      "--effective-batch", "8", "--target", "cpu"]) == 0
+    text = capsys.readouterr().out
+    sizes = re.findall(r"(\d+(?:\.\d+)?) (?:KiB|MiB|GiB)\b", text)
+    assert sizes and all(re.fullmatch(r"\d+\.\d", n) for n in sizes), sorted(set(sizes))[:5]
+    assert "optimizer state" in text and "optimizer_s " not in text and "0.000 B" not in text
+    assert re.search(r" \d+ bytes", text) is None and " GB" not in text  # a GiB budget: no decimal GB

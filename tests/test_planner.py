@@ -145,7 +145,9 @@ def test_recommend_refuses_below_the_floor_and_names_the_remedies() -> None:
     with pytest.raises(ValueError, match="Nothing fits") as info:
         planner.recommend(90 * MiB, 32, PLAIN, CKPT)
     msg = str(info.value)
-    assert str(100 * MiB) in msg and "below the floor" in msg
+    assert isinstance(info.value, planner.NoPlanError) and info.value.floor_bytes == 100 * MiB
+    assert "budget of 90.0 MiB" in msg and "is 100.0 MiB" in msg and "below the floor" in msg
+    assert " bytes" not in msg  # human units only, never a raw byte count
     for word in ("lesson 07", "optimizer state", "lower precision", "offload"):
         assert word in msg, word
 
@@ -153,7 +155,7 @@ def test_recommend_refuses_below_the_floor_and_names_the_remedies() -> None:
 def test_recommend_refuses_when_the_floor_fits_but_no_micro_batch_does() -> None:
     with pytest.raises(ValueError, match="the floor fits, but even micro-batch 1") as info:
         planner.recommend(105 * MiB, 32, PLAIN, CKPT)
-    assert str(100 * MiB) in str(info.value)
+    assert "is 100.0 MiB" in str(info.value) and info.value.budget_bytes == 105 * MiB
 
 
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
@@ -403,18 +405,18 @@ def test_result_objects_are_frozen(obj: object) -> None:
 def test_plan_describe_and_budget_default() -> None:
     plan = planner.Plan(4, 8, False, 2**30, "r")
     assert plan.budget_bytes == 0.0
-    assert plan.describe() == "4 x 8 (predicted peak 1.00 GiB)"  # exactly 1 GiB is shown in GiB
+    assert plan.describe() == "4 x 8 (predicted peak 1.0 GiB)"  # exactly 1 GiB is shown in GiB
     ckpt = planner.Plan(8, 4, True, 118 * MiB, "r")
-    assert ckpt.describe() == "8 x 4, checkpointed (predicted peak 118.00 MiB)"
+    assert ckpt.describe() == "8 x 4, checkpointed (predicted peak 118.0 MiB)"
 
 
 def test_recommend_reason_with_accumulation() -> None:
     plan = planner.recommend(150 * MiB, 32, PLAIN, CKPT)
     assert plan.reason == ("Micro-batch 4: it is the largest micro-batch from 1 up, dividing 32, that fits "
                            "without checkpointing, so accumulate 8 micro-steps and spend no recompute "
-                           "(predicted peak 142.00 MiB of 150.00 MiB). Rule step 4: "
+                           "(predicted peak 142.0 MiB of 150.0 MiB). Rule step 4: "
                            + planner.DECISION_RULE[3])
-    assert plan.budget_bytes == 150 * MiB and plan.describe() == "4 x 8 (predicted peak 142.00 MiB)"
+    assert plan.budget_bytes == 150 * MiB and plan.describe() == "4 x 8 (predicted peak 142.0 MiB)"
 
 
 def test_recommend_a_peak_equal_to_the_budget_fits() -> None:
@@ -427,15 +429,15 @@ def test_recommend_min_micro_batch_equal_to_the_effective_batch() -> None:
     plan = planner.recommend(1.5 * 2**30, 32, PLAIN, min_micro_batch=32)
     assert (plan.micro_batch, plan.accumulation_steps, plan.predicted_peak_bytes) == (32, 1, 397 * MiB)
     assert plan.reason == ("Micro-batch 32: the whole effective batch fits in one pass, so there is nothing "
-                           "to accumulate (predicted peak 397.00 MiB of 1.50 GiB). Rule step 4: "
+                           "to accumulate (predicted peak 397.0 MiB of 1.5 GiB). Rule step 4: "
                            + planner.DECISION_RULE[3])
 
 
 def test_recommend_reason_with_checkpointing() -> None:
     plan = planner.recommend(130 * MiB, 32, PLAIN, CKPT, min_micro_batch=8)
     assert plan.reason == ("Micro-batch 8 with checkpointing: without it even micro-batch 8 would peak at "
-                           "182.00 MiB, over the 130.00 MiB budget; checkpointing brings micro-batch 8 to "
-                           "118.00 MiB, and 4 accumulation steps make the batch of 32. Rule step 5: "
+                           "182.0 MiB, over the 130.0 MiB budget; checkpointing brings micro-batch 8 to "
+                           "118.0 MiB, and 4 accumulation steps make the batch of 32. Rule step 5: "
                            + planner.DECISION_RULE[4])
     assert type(plan.accumulation_steps) is int and plan.accumulation_steps == 4
 
@@ -450,19 +452,19 @@ def test_recommend_refusal_names_each_prediction() -> None:
     # budget = floor: the floor fits; micro-batch 1 needs 112 MiB plain, and checkpointed its
     # forward peak (104 MiB) is below the optimizer step's 110 MiB, which alone is over the budget
     msg = _refusal(100 * MiB, 32, PLAIN, CKPT)
-    assert (f"the floor fits, but even micro-batch 1 does not (predicted {112 * MiB} bytes without "
-            f"checkpointing, {110 * MiB} bytes with it), and the optimizer step alone peaks at "
-            f"{110 * MiB} bytes. Accumulation") in msg
+    assert ("the floor fits, but even micro-batch 1 does not (predicted 112.0 MiB without "
+            "checkpointing, 110.0 MiB with it), and the optimizer step alone peaks at "
+            "110.0 MiB. Accumulation") in msg
     assert f"lower the floor. Rule step 2: {planner.DECISION_RULE[1]} Remedies" in msg
     msg = _refusal(105 * MiB, 32, PLAIN)
-    assert f"even micro-batch 1 does not (predicted {112 * MiB} bytes), and the optimizer step" in msg
+    assert "even micro-batch 1 does not (predicted 112.0 MiB), and the optimizer step" in msg
     msg = _refusal(90 * MiB, 32, PLAIN, CKPT)
-    assert (f"is {100 * MiB} bytes, and the budget is below the floor itself. Accumulation and "
+    assert ("is 100.0 MiB, and the budget is below the floor itself. Accumulation and "
             "checkpointing only shrink activations; they never lower the floor. Rule step 2: ") in msg
     # a single candidate size, taken in one pass (no gradients yet): 397 MiB; the optimizer step
     # (110 MiB) fits, so the minimum micro-batch is what stops it (rule step 3)
     msg = _refusal(300 * MiB, 32, PLAIN, min_micro_batch=32)
-    assert f"even micro-batch 32 does not (predicted {397 * MiB} bytes). " in msg
+    assert "even micro-batch 32 does not (predicted 397.0 MiB). " in msg
     assert (f"Rule step 3: {planner.DECISION_RULE[2]} A minimum below 32 may fit, at the cost of "
             "throughput; otherwise shrink the model state.") in msg
     # the floor and the optimizer step fit, micro-batch 1 does not, and no minimum is to blame

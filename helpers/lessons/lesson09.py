@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,22 +21,31 @@ from helpers.planner import MemoryProfile, recommend
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
 from helpers.validate import answer_number, choice, positive_int, positive_number
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 __all__ = [
     "CHECK_MICRO_BATCH", "LessonSizes", "check_config", "check_exercise_1", "check_exercise_2",
-    "check_exercise_3", "lesson_sizes", "logits_memory", "per_example_bytes", "predicted_peak_bytes",
+    "check_exercise_3", "ESTIMATOR_COLORS",
+    "estimators_figure", "lesson_sizes", "logits_memory", "per_example_bytes", "predicted_peak_bytes",
     "show_plan", "widget_latency_cases",
 ]
 
 
 def show_plan(
-    preset: str = "gpt2-xl",
-    seq_len: int = 1024,
+    preset: str = "llama-3.2-1b",
+    seq_len: int = 2048,
     micro_batch: int = 4,
     accumulation_steps: int = 8,
     checkpoint: bool = False,
     budget_gb: float = 24.0,
+    precision: str = "bf16",
 ) -> None:
-    """One widget move: the predicted peak of B x K for a preset, the estimates, and the planner's choice."""
+    """One widget move: the predicted peak of B x K for a preset, the estimates, and the planner's choice.
+
+    The default is the lesson's case: Llama-3.2-1B, sequences of 2,048, bf16 mixed precision, a 24 GB
+    card (`budget_gb` is the card's marketed size in decimal GB; everything printed is in GiB).
+    """
     from helpers import plots
 
     b = positive_int("micro_batch", micro_batch)
@@ -47,18 +57,20 @@ def show_plan(
     except ValueError as err:
         print(f"no profile: {err}")
         return
-    plain = preset_profile(preset, spec.seq_len, "none")
-    ckpt = preset_profile(preset, spec.seq_len, "blocks")
+    precision = choice("precision", precision, ("fp32", "bf16"))
+    plain = preset_profile(preset, spec.seq_len, "none", precision=precision)
+    ckpt = preset_profile(preset, spec.seq_len, "blocks", precision=precision)
     profile = ckpt if checkpoint else plain
     peak = profile.predict_peak(b, accumulation_steps=k)
     n = param_count(cfg)
-    print(f"{preset} ({cfg.name}), sequence {spec.seq_len}: {n / 1e9:.2f} B parameters; Adam fp32, "
-          "CUDA target")
+    print(f"{preset} ({cfg.name}), sequence {spec.seq_len}: {n / 1e9:.2f} B parameters; Adam, "
+          f"{'bf16 mixed precision' if precision == 'bf16' else 'fp32'}, CUDA target")
     print(f"effective batch B x K = {b} x {k} = {b * k}{', checkpointed' if checkpoint else ''}")
     fits = peak <= usable
     print(
-        f"predicted peak {peak / GB:.1f} GB ({profile.binding_phase(b, accumulation_steps=k)} phase binds) "
-        f"-> {'fits' if fits else 'does NOT fit'} in {usable / GB:.1f} GB "
+        f"predicted peak {plots.format_bytes(peak)} "
+        f"({profile.binding_phase(b, accumulation_steps=k)} phase binds) "
+        f"-> {'fits' if fits else 'does NOT fit'} in {plots.format_bytes(usable)} "
         f"(after a {DEFAULT_CUDA_MARGIN:.0%} CUDA margin)"
     )
     print(margin_line(budget, usable))
@@ -67,8 +79,8 @@ def show_plan(
         print(f"planner for {b * k} examples per update: {plan.describe()}\n  {plan.reason}")
     except ValueError as err:
         print(
-            f"planner: no plan. The floor is {plain.floor_bytes / GB:.1f} GB; shard, offload or lower the "
-            f"precision of the model state ({str(err).split('Remedies for the model state: ')[-1]})"
+            f"planner: no plan. The floor is {plots.format_bytes(plain.floor_bytes)}; shard, offload or "
+            f"lower the precision of the model state ({str(err).split('Remedies for the model state: ')[-1]})"
         )
     fig, (ax,) = plots.figure(width=7.0, height=3.0)
     acts = profile.activations(b) + profile.other_bytes + profile.other_bytes_per_example * b
@@ -87,10 +99,65 @@ def show_plan(
         ax,
         bars,
         budget=budget,
-        budget_label=f"{budget / GB:.0f} GB card (a budget: nothing allocated)",
+        budget_label=f"{budget / GB:.0f} GB card = {plots.format_bytes(budget)} (a budget, not allocated)",
         title=f"{preset}: {b} x {k}{' checkpointed' if checkpoint else ''}",
     )
     plots.show(fig)
+
+
+ESTIMATOR_COLORS = {
+    "parameters": "#4C72B0", "gradients": "#55A868", "optimizer_state": "#8172B2",
+    "floor": "#2B2B2B", "activations and other": "#DD8452", "optimizer-step temporaries": "#C9A227",
+}
+
+
+def estimators_figure(profiles: dict[str, dict[str, MemoryProfile]], n_params: int,
+                      budget_bytes: float) -> Figure:
+    """Weights-only and 16 B/param estimates beside the profiled peaks at micro-batch 1, one axes per case.
+
+    Args:
+        profiles: {case: {"none": plain profile, ...}}, e.g. full fine-tune and LoRA.
+        n_params: the model's parameter count (the estimates are 4 and 16 bytes per parameter).
+        budget_bytes: where to draw the card's budget line.
+
+    Returns:
+        The figure: two profiled bars, the forward/backward peak (floor + activations and other) and the
+        optimizer step's peak (floor + its temporaries), each block in its own colour, with one
+        legend for both axes.
+    """
+    from helpers import plots
+
+    positive_int("n_params", n_params)
+    budget = positive_number("budget_bytes", budget_bytes)
+    fig, axes = plots.figure(len(profiles), width=10, height=3.8)
+    unit = 2**30
+    seen: dict[str, object] = {}
+    for ax, (name, prof) in zip(axes, profiles.items(), strict=True):
+        plain = prof["none"]
+        floor, passes, step = plain.floor_bytes, plain.forward_peak(1), plain.optimizer_peak(1)
+        bars = {"weights\nonly": {"parameters": 4 * n_params},
+                "16 B/\nparam": {"parameters": 4 * n_params, "gradients": 4 * n_params,
+                               "optimizer_state": 8 * n_params},
+                "ours:\nfwd/bwd": {"floor": floor, "activations and other": max(0, passes - floor)},
+                "ours:\nopt. step": {"floor": floor, "optimizer-step temporaries": max(0, step - floor)}}
+        peak = max(passes, step)
+        for x, parts in enumerate(bars.values()):
+            bottom = 0.0
+            for cat, v in parts.items():
+                seen[cat] = ax.bar(x, v / unit, bottom=bottom, color=ESTIMATOR_COLORS[cat], width=0.6)
+                bottom += v / unit
+        ax.set_xticks(range(len(bars)), list(bars))
+        ax.axhline(budget / unit, color="crimson", ls="--", lw=1.2)
+        ax.annotate(f"budget {plots.format_bytes(budget)}", (0.0, budget / unit),
+                    xycoords=("axes fraction", "data"), xytext=(2, 2), textcoords="offset points",
+                    ha="left", va="bottom", color="crimson", fontsize=9)
+        ax.set_ylim(0, 1.25 * max(peak, 16 * n_params, budget) / unit)
+        ax.set_ylabel("GiB")
+        ax.set_title(name)
+    order = [c for c in ESTIMATOR_COLORS if c in seen]
+    axes[-1].legend([seen[c] for c in order], [c.replace("_", " ") for c in order], fontsize=8,
+                    loc="upper left", bbox_to_anchor=(1.0, 1.0))  # one legend for both axes, outside them
+    return fig
 
 
 def check_config(scale: str) -> GPTConfig:
