@@ -16,7 +16,6 @@ NBVAL   := --nbval-lax --nbval-current-env --nbval-cell-timeout=600
 # whole (--dist loadfile: one kernel per notebook, its cells in order). JOBS=0 runs serially.
 JOBS    ?= 2
 XDIST   := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
-GROUPS  := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 HEADLESS := MPLBACKEND=Agg OMP_NUM_THREADS=1
 PYTEST  := $(HEADLESS) $(VENV)/bin/pytest -q -p no:cacheprovider
 # Lesson 07's worker pools fork the imported torch in the tiny notebooks, as in the unit tests
@@ -48,14 +47,14 @@ lab: setup  ## open JupyterLab on the lessons
 # `browser` or `slow` (tests/conftest.py refuses a test marked both); `test` runs all three. Each tier
 # runs its unit tests and its notebooks in one pytest session, so the two workers share out the work.
 # The unit tests' worker pools fork (tests/conftest.py). The last session of `test` runs the browser
-# test in two halves, one JupyterLab each, beside the slow tests (the Colab simulation, the widgets'
-# hang guards), one group per xdist worker.
+# test (one JupyterLab, one xdist worker) beside the slow tests (the Colab simulation, the widgets'
+# hang guards, the presets' full-profile grid) on the other.
 check: lint  ## everyday (about three minutes on 2 cores): ruff, unit tests, every notebook at tiny
 	$(TINY) LESSONS_STRICT=1 $(PYTEST) $(XDIST) $(NBVAL) -m 'not browser and not slow' tests notebooks/
 
 test: lint  ## everything, as CI runs it: unit tests, notebooks at CPU scale, browser, Colab, widgets
 	LESSONS_STRICT=1 $(PYTEST) $(XDIST) $(NBVAL) -m 'not browser and not slow' tests notebooks/
-	$(PYTEST) $(GROUPS) -m 'browser or slow' tests
+	$(PYTEST) $(XDIST) -m 'browser or slow' tests
 
 lint: setup  ## ruff over the code and the notebooks
 	$(VENV)/bin/ruff check .

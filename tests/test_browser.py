@@ -350,9 +350,10 @@ def _lesson(runs: dict[str, LessonRun], path: Path) -> LessonRun:
     return run
 
 
-# `make test` runs the lessons in two halves, each in its own JupyterLab on its own xdist worker
-# (--dist loadgroup): even-numbered lessons in one, odd in the other.
 def _halves(paths: list[Path]) -> list[object]:
+    """The lessons as parameters, even and odd ones in two `xdist_group`s. Under `--dist loadgroup`
+    each group could get its own worker and JupyterLab; `make test` runs `--dist loadfile` (one
+    worker), since one trial with loadgroup put both groups on one worker and gained nothing."""
     return [pytest.param(p, marks=pytest.mark.xdist_group(f"browser-{int(p.name[:2]) % 2}"), id=p.stem[:2])
             for p in paths]
 
