@@ -71,12 +71,7 @@ def format_bytes(n: float) -> str:
     Returns:
         The text.
     """
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit, size in UNITS:
-        if n >= size:
-            return f"{sign}{n / size:.1f} {unit}"
-    return f"{sign}{int(n)} B"
+    return _in_units(n, UNITS, 1, "B")
 
 
 FLOP_UNITS = [("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)]
@@ -91,12 +86,17 @@ def format_flops(n: float) -> str:
     Returns:
         The count with two decimals in the largest unit it reaches.
     """
+    return _in_units(n, FLOP_UNITS, 2, "FLOP")
+
+
+def _in_units(n: float, units: Sequence[tuple[str, float]], decimals: int, base: str) -> str:
+    """`n` in the largest of `units` (largest first) it reaches, else as a whole number of `base`."""
     sign = "-" if n < 0 else ""
     n = abs(n)
-    for unit, size in FLOP_UNITS:
+    for unit, size in units:
         if n >= size:
-            return f"{sign}{n / size:.2f} {unit}"
-    return f"{sign}{int(n)} FLOP"
+            return f"{sign}{n / size:.{decimals}f} {unit}"
+    return f"{sign}{int(n)} {base}"
 
 
 def byte_unit(max_bytes: float) -> tuple[str, int]:
