@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# make gpu: on a machine with a CUDA GPU, in about 8 minutes on one large GPU:
+# make gpu: on a machine with a CUDA GPU, in at most about 8 minutes on one large GPU:
 #   (a) the cuda-marked tests, (b) every notebook at the scale the GPU's memory picks (`full` on
 #   40 GB and more), (c) lessons 01 and 03 again with LESSONS_GPU_MEMORY_GB=24 and =16 (a 24 GB
 #   card and a T4), (d) the claim ledger (python -m helpers.review) when it exists, (e) the meta plan
 #   beside torch.cuda.max_memory_allocated (scripts/plan_vs_cuda.py); then a summary.
+# The phases run side by side, in four lanes, each phase under its own timeout: (b) with NB_JOBS
+# notebooks at a time (default 3); (c) at 24 then 16 GB; (a) then (e); (d). Memory
+# figures are per process (the caching allocator's own counters), so they do not see one another;
+# the seconds do (the timings the notebooks show are not asserted). NB_JOBS=1 and LANES=1 run it
+# all one at a time.
 # Usage, from the repository root:
 #   bash scripts/gpu_check.sh                   # python3 on PATH must have torch with CUDA
 #   OUT=/some/dir bash scripts/gpu_check.sh     # where the results go (default gpu-run/)
@@ -12,19 +17,20 @@
 # they are installed with pip --no-index --no-deps --target into a temporary folder.
 # LESSONS_SCALE, when set, applies to every phase. At most 8 files land in $OUT: summary.txt,
 # run.log, bench_full.json, bench_24gb.json, bench_16gb.json, notebooks_<device>.tar.gz (executed
-# notebooks and figures, named with the device), ledger_<device>.md, plan_vs_cuda.json.
+# notebooks, a failed one up to its error, and figures, named with the device), ledger_<device>.md,
+# plan_vs_cuda.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-gpu-run}
 KIT=${KIT_DIR:-.whl}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/lessons-gpu.XXXXXX")
-# Seconds per phase; together with the setup they stay under 8 minutes.
-T_TESTS=${T_TESTS:-60} T_NOTEBOOKS=${T_NOTEBOOKS:-240} T_CAPPED=${T_CAPPED:-50} T_LEDGER=${T_LEDGER:-50}
-T_PLAN=${T_PLAN:-60}
+# Seconds per phase; the lanes run side by side, so the longest lane plus the setup stays under 8 minutes.
+T_TESTS=${T_TESTS:-120} T_NOTEBOOKS=${T_NOTEBOOKS:-400} T_CAPPED=${T_CAPPED:-170} T_LEDGER=${T_LEDGER:-360}
+T_PLAN=${T_PLAN:-120} NB_JOBS=${NB_JOBS:-3} LANES=${LANES:-4}
 CAPPED=(notebooks/01_where_memory_goes.ipynb notebooks/03_gradient_accumulation.ipynb)
 mkdir -p "$OUT"
-rm -f "$OUT"/{summary.txt,run.log,bench_full.json,bench_24gb.json,bench_16gb.json} \
+rm -f "$OUT"/{summary.txt,run.log,bench_full.json,bench_24gb.json,bench_16gb.json,plan_vs_cuda.json} \
   "$OUT"/notebooks_*.tar.gz "$OUT"/ledger_*.md
 
 verdict() {  # verdict RC [TIMEOUT_S]: one word for a phase's exit status
@@ -59,33 +65,53 @@ main() {
 print(re.sub(r'[^a-z0-9]+', '-', n.lower().replace('nvidia', '')).strip('-'))")
   $PY -m helpers.env_check; local env_rc=$?
 
-  echo "== (a) cuda-marked tests"
-  timeout "$T_TESTS" $PY -m pytest -q -p no:cacheprovider -m cuda tests/; local tests_rc=$?
-  [ "$tests_rc" = 5 ] && tests_rc=skip  # no cuda-marked test collected
-
-  echo "== (b) every notebook at the scale this GPU picks"
-  timeout "$T_NOTEBOOKS" $PY scripts/bench.py --cells --no-widgets --out "$OUT/bench_full.json" \
-    --images "$WORK/nb/full" --executed "$WORK/nb/full"; local nb_rc=$?
-
-  local cap_rc=() gb
-  for gb in 24 16; do
-    echo "== (c) lessons 01 and 03 with LESSONS_GPU_MEMORY_GB=$gb"
-    LESSONS_GPU_MEMORY_GB=$gb timeout "$T_CAPPED" $PY scripts/bench.py --no-widgets \
-      --out "$OUT/bench_${gb}gb.json" --images "$WORK/nb/${gb}gb" --executed "$WORK/nb/${gb}gb" "${CAPPED[@]}"
-    cap_rc+=($?)
+  export OUT WORK PY T_TESTS T_NOTEBOOKS T_CAPPED T_LEDGER T_PLAN NB_JOBS dev
+  # Each phase: its log in $WORK/<name>.log, its exit status in $WORK/<name>.rc.
+  phase() {  # phase NAME TIMEOUT COMMAND...
+    local name=$1 limit=$2; shift 2
+    echo "== $name started at $((SECONDS - start)) s"
+    timeout "$limit" "$@" >"$WORK/$name.log" 2>&1
+    echo $? >"$WORK/$name.rc"
+    echo "== $name ended at $((SECONDS - start)) s (rc $(cat "$WORK/$name.rc"))"
+  }
+  lane_notebooks() {
+    phase b_notebooks "$T_NOTEBOOKS" $PY scripts/bench.py --cells --no-widgets --jobs "$NB_JOBS" \
+      --out "$OUT/bench_full.json" --images "$WORK/nb/full" --executed "$WORK/nb/full"
+  }
+  lane_capped() {
+    local gb
+    for gb in 24 16; do
+      LESSONS_GPU_MEMORY_GB=$gb phase "c_${gb}gb" "$T_CAPPED" $PY scripts/bench.py --no-widgets \
+        --out "$OUT/bench_${gb}gb.json" --images "$WORK/nb/${gb}gb" --executed "$WORK/nb/${gb}gb" "${CAPPED[@]}"
+    done
+  }
+  lane_checks() {
+    phase a_tests "$T_TESTS" $PY -m pytest -q -p no:cacheprovider -m cuda tests/
+    if [ "$LESSONS_DEVICE" != cpu ]; then
+      phase e_plan "$T_PLAN" $PY scripts/plan_vs_cuda.py "$OUT"
+    fi
+  }
+  lane_ledger() {
+    if [ -f helpers/review.py ]; then
+      phase d_ledger "$T_LEDGER" $PY -m helpers.review --no-progress --markdown "$OUT/ledger_${dev}.md"
+    fi
+  }
+  if [ "$LANES" = 1 ]; then
+    lane_checks; lane_ledger; lane_notebooks; lane_capped
+  else
+    lane_notebooks & lane_capped & lane_checks & lane_ledger & wait
+  fi
+  local name
+  for name in a_tests b_notebooks c_24gb c_16gb d_ledger e_plan; do
+    [ -f "$WORK/$name.log" ] || continue
+    echo "== ($name) output"
+    cat "$WORK/$name.log"
   done
-
-  local ledger_rc=skip
-  if [ -f helpers/review.py ]; then
-    echo "== (d) the claim ledger"
-    timeout "$T_LEDGER" $PY -m helpers.review --no-progress --markdown "$OUT/ledger_${dev}.md"; ledger_rc=$?
-  fi
-
-  local plan_rc=skip  # (e) the meta plan beside max_memory_allocated of real bf16 steps (issue 23)
-  if [ "${LESSONS_DEVICE:-cuda}" != cpu ]; then
-    echo "== (e) plan vs torch.cuda.max_memory_allocated, two presets, three (B, K), bf16"
-    timeout "$T_PLAN" $PY scripts/plan_vs_cuda.py "$OUT"; plan_rc=$?
-  fi
+  rc_of() { if [ -f "$WORK/$1.rc" ]; then cat "$WORK/$1.rc"; else echo skip; fi; }
+  local tests_rc nb_rc ledger_rc plan_rc cap_rc=()
+  tests_rc=$(rc_of a_tests); nb_rc=$(rc_of b_notebooks); ledger_rc=$(rc_of d_ledger); plan_rc=$(rc_of e_plan)
+  cap_rc=("$(rc_of c_24gb)" "$(rc_of c_16gb)")
+  [ "$tests_rc" = 5 ] && tests_rc=skip  # no cuda-marked test collected
 
   if [ -d "$WORK/nb" ]; then  # one archive: executed notebooks and figures, the device in every name
     find "$WORK/nb" -type f \( -name '*.png' -o -name '*.ipynb' \) | while read -r f; do
