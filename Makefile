@@ -30,7 +30,7 @@ MATRIX  ?= .matrix
 # gpu-kit: the CPython version of the GPU machine the wheels are for (3.11 for a dry run here).
 KIT_PY  ?= 3.12
 
-.PHONY: setup lab check test lint unit notebooks notebooks-tiny browser colab bench gpu gpu-kit \
+.PHONY: setup lab check test lint unit distributed notebooks notebooks-tiny browser colab bench gpu gpu-kit \
 	test-matrix test-matrix-floor test-matrix-newest env-check mutate clean
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt scripts/install.py
@@ -43,24 +43,32 @@ setup: $(VENV)/.installed  ## create .venv and install the package with its test
 lab: setup  ## open JupyterLab on the lessons
 	$(VENV)/bin/jupyter lab $(LAB_FLAGS) notebooks/
 
-# The two tiers. Every test is in exactly one of: the unit tier (-m 'not browser and not slow'),
-# `browser` or `slow` (tests/conftest.py refuses a test marked both); `test` runs all three. Each tier
-# runs its unit tests and its notebooks in one pytest session, so the two workers share out the work.
-# The unit tests' worker pools fork (tests/conftest.py). The last session of `test` runs the browser
-# test (one JupyterLab, one xdist worker) beside the slow tests (the Colab simulation, the widgets'
-# hang guards, the presets' full-profile grid) on the other.
-check: lint  ## everyday (about three minutes on 2 cores): ruff, unit tests, every notebook at tiny
-	$(TINY) LESSONS_STRICT=1 $(PYTEST) $(XDIST) $(NBVAL) -m 'not browser and not slow' tests notebooks/
+# The two tiers. Every test is in exactly one of: the unit tier (-m "$(UNIT)"), `distributed`,
+# `browser` or `slow` (tests/conftest.py refuses a test marked both browser and slow); `check` runs
+# the unit tier, `test` runs all four. `distributed` tests start worker processes (torchrun, gloo
+# pools), which `check` leaves to `test` (DESIGN.md): `test`'s first session takes them beside the
+# unit tests (-m "$(UNIT_AND_WORKERS)"). Each tier runs its unit tests and its notebooks in one
+# pytest session, so the two workers share out the work. The unit tests' worker pools fork
+# (tests/conftest.py). The last session of `test` runs the browser test (one JupyterLab, one xdist
+# worker) beside the slow tests (the Colab simulation, the widgets' hang guards, the presets'
+# full-profile grid) on the other.
+UNIT    := not browser and not slow and not distributed
+UNIT_AND_WORKERS := not browser and not slow
+check: lint  ## everyday (target 90 s on 2 cores): ruff, unit tests without worker processes, every notebook at tiny
+	$(TINY) LESSONS_STRICT=1 $(PYTEST) $(XDIST) $(NBVAL) -m '$(UNIT)' tests notebooks/
 
-test: lint  ## everything, as CI runs it: unit tests, notebooks at CPU scale, browser, Colab, widgets
-	LESSONS_STRICT=1 $(PYTEST) $(XDIST) $(NBVAL) -m 'not browser and not slow' tests notebooks/
+test: lint  ## everything, as CI runs it: unit + distributed tests, notebooks at CPU scale, browser, Colab, widgets
+	LESSONS_STRICT=1 $(PYTEST) $(XDIST) $(NBVAL) -m '$(UNIT_AND_WORKERS)' tests notebooks/
 	$(PYTEST) $(XDIST) -m 'browser or slow' tests
 
 lint: setup  ## ruff over the code and the notebooks
 	$(VENV)/bin/ruff check .
 
-unit: setup  ## the unit tests that need no browser and no fresh environment
-	$(PYTEST) $(XDIST) -m 'not browser and not slow' tests
+unit: setup  ## the unit tests that need no browser, no fresh environment and no worker processes
+	$(PYTEST) $(XDIST) -m '$(UNIT)' tests
+
+distributed: setup  ## the tests that start worker processes (torchrun, gloo pools): in test, not in check
+	$(PYTEST) $(XDIST) -m 'distributed and not browser and not slow' tests
 
 notebooks: setup  ## every notebook under nbval at the CPU scale, where the claims are checked
 	$(HEADLESS) LESSONS_STRICT=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(XDIST) $(NBVAL) notebooks/

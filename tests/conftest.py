@@ -119,13 +119,21 @@ def pool4() -> Iterator[object]:
         yield p
 
 
-TIERS = ("browser", "slow")  # the Makefile's tiers: unit (neither), `make test` adds browser and slow
+# The Makefile's tiers: unit (none of these markers), `distributed` (worker processes: `make test`'s
+# first session runs it beside the unit tests, `make check` leaves it out), `browser` and `slow`
+# (`make test`'s last session, -m 'browser or slow'). A distributed test may also be browser or slow
+# (it then runs in that session only); a browser test may not be slow.
+TIERS = ("browser", "slow")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     both = [item.nodeid for item in items if all(tier in item.keywords for tier in TIERS)]
     if both:  # `make test` runs -m browser and -m slow apart: such a test would run twice
         raise pytest.UsageError(f"a test is either browser or slow, not both: {both[:3]}")
+    unmarked = [item.nodeid for item in items if "distributed" not in item.keywords
+                and {"pool", "pool4"} & set(getattr(item, "fixturenames", ()))]
+    if unmarked:  # `make check` selects on the marker: a real pool there would break its no-workers rule
+        raise pytest.UsageError(f"a test that uses a real worker pool is marked distributed: {unmarked[:3]}")
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
