@@ -32,6 +32,12 @@ def reported_card_bytes(budget_bytes: float) -> float:
     A budget of a whole number N of decimal GB is read as a card sold as "N GB", which
     reports about N GiB (a "24 GB" card: 24 x 2^30 = 25.8e9 bytes). Any other budget (in
     GiB, or in bytes) is taken as what the card reports.
+
+    Args:
+        budget_bytes: the budget in bytes, as `presets.parse_budget` reads `--budget`.
+
+    Returns:
+        N x 2^30 for a budget of N decimal GB, otherwise `budget_bytes` itself.
     """
     gb = positive_number("budget_bytes", budget_bytes) / GB
     return round(gb) * 2**30 if round(gb) >= 1 and abs(gb - round(gb)) < 1e-9 else float(budget_bytes)

@@ -16,12 +16,13 @@ from helpers.architectures import param_count
 from helpers.device import SCALES, by_scale
 from helpers.meta_profile import BatchSpec, Profiler
 from helpers.models import GPT, GPTConfig
-from helpers.plan_report import margin_line, preset_profile
+from helpers.plan_report import margin_line, preset_profile, reported_card_bytes
 from helpers.planner import MemoryProfile, recommend
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
-from helpers.validate import answer_number, choice, positive_int, positive_number
+from helpers.validate import answer_number, choice, number_in_range, positive_int, positive_number
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 __all__ = [
@@ -95,14 +96,33 @@ def show_plan(
             "other": max(0.0, acts - profile.activations(b)),
         },
     }
-    plots.stacked_bars(
-        ax,
-        bars,
-        budget=budget,
-        budget_label=f"{budget / GB:.0f} GB card = {plots.format_bytes(budget)} (a budget, not allocated)",
-        title=f"{preset}: {b} x {k}{' checkpointed' if checkpoint else ''}",
-    )
+    plots.stacked_bars(ax, bars, title=f"{preset}: {b} x {k}{' checkpointed' if checkpoint else ''}")
+    tallest = max(sum(v.values()) for v in bars.values())
+    _, size = plots.byte_unit(tallest)  # the unit stacked_bars chose
+    card = _card_lines(ax, budget, usable, size)
+    ax.set_ylim(0, 1.25 * max(tallest, card) / size)
     plots.show(fig)
+
+
+def _card_lines(ax: Axes, budget: float, usable: float, unit: float) -> float:
+    """Draw the card a budget stands for and the planner's limit on `ax`; return the card's bytes.
+
+    The card is dashed, at what it reports (`plan_report.reported_card_bytes`: a budget of 24e9
+    bytes, "--budget 24GB", is a card sold as 24 GB, which reports about 24 GiB), labelled in GiB
+    with the GB it is sold as; the limit is dotted, at `usable` (the budget less the CUDA margin),
+    as `plan_report.margin_line` prints them. Nothing is allocated: both are capacities.
+    """
+    from helpers import plots
+
+    card = reported_card_bytes(budget)
+    sold = f"\n(sold as {budget / GB:.0f} GB)" if card != budget else ""
+    for y, label, style, side in ((card, f"card: about {plots.format_bytes(card)}{sold}", "--", "bottom"),
+                                  (usable, f"plan within {plots.format_bytes(usable)}", ":", "top")):
+        ax.axhline(y / unit, color="crimson", ls=style, lw=1.2)  # card labelled above, limit below
+        ax.annotate(label, (0.0, y / unit), xycoords=("axes fraction", "data"),
+                    xytext=(2, 2 if side == "bottom" else -2), textcoords="offset points", ha="left", va=side,
+                    color="crimson", fontsize=8)
+    return card
 
 
 ESTIMATOR_COLORS = {
@@ -112,23 +132,27 @@ ESTIMATOR_COLORS = {
 
 
 def estimators_figure(profiles: dict[str, dict[str, MemoryProfile]], n_params: int,
-                      budget_bytes: float) -> Figure:
+                      budget_bytes: float, cuda_margin: float = DEFAULT_CUDA_MARGIN) -> Figure:
     """Weights-only and 16 B/param estimates beside the profiled peaks at micro-batch 1, one axes per case.
 
     Args:
         profiles: {case: {"none": plain profile, ...}}, e.g. full fine-tune and LoRA.
         n_params: the model's parameter count (the estimates are 4 and 16 bytes per parameter).
-        budget_bytes: where to draw the card's budget line.
+        budget_bytes: the planner's budget, as `--budget` reads it: 24e9 ("24GB") stands for a card
+            sold as "24 GB", which reports about 24 GiB (`plan_report.reported_card_bytes`).
+        cuda_margin: the share of the budget the planner keeps free on CUDA.
 
     Returns:
         The figure: two profiled bars, the forward/backward peak (floor + activations and other) and the
         optimizer step's peak (floor + its temporaries), each block in its own colour, with one
-        legend for both axes.
+        legend for both axes. Two lines: the card, at what it reports (labelled in GiB, with the GB it
+        is sold as), and the planner's limit below it, the budget less the margin.
     """
     from helpers import plots
 
     positive_int("n_params", n_params)
     budget = positive_number("budget_bytes", budget_bytes)
+    usable = budget * (1 - number_in_range("cuda_margin", cuda_margin, 0.0, 1.0, high_open=True))
     fig, axes = plots.figure(len(profiles), width=10, height=3.8)
     unit = 2**30
     seen: dict[str, object] = {}
@@ -147,11 +171,8 @@ def estimators_figure(profiles: dict[str, dict[str, MemoryProfile]], n_params: i
                 seen[cat] = ax.bar(x, v / unit, bottom=bottom, color=ESTIMATOR_COLORS[cat], width=0.6)
                 bottom += v / unit
         ax.set_xticks(range(len(bars)), list(bars))
-        ax.axhline(budget / unit, color="crimson", ls="--", lw=1.2)
-        ax.annotate(f"budget {plots.format_bytes(budget)}", (0.0, budget / unit),
-                    xycoords=("axes fraction", "data"), xytext=(2, 2), textcoords="offset points",
-                    ha="left", va="bottom", color="crimson", fontsize=9)
-        ax.set_ylim(0, 1.25 * max(peak, 16 * n_params, budget) / unit)
+        card = _card_lines(ax, budget, usable, unit)
+        ax.set_ylim(0, 1.25 * max(peak, 16 * n_params, card) / unit)
         ax.set_ylabel("GiB")
         ax.set_title(name)
     order = [c for c in ESTIMATOR_COLORS if c in seen]

@@ -6,11 +6,13 @@ import functools
 
 import pytest
 
+from helpers.architectures import param_count
 from helpers.lessons import lesson09
 from helpers.meta_profile import BatchSpec, Profiler
 from helpers.models import GPT
 from helpers.plan_report import preset_profile
 from helpers.planner import recommend
+from helpers.presets import PRESETS
 
 
 def test_predicted_peak_matches_the_real_check_run() -> None:
@@ -24,6 +26,24 @@ def test_show_plan_prints_the_effective_batch(capsys: pytest.CaptureFixture[str]
     lesson09.show_plan("gpt2-small", 256, 2, 4, True, 24.0)
     out = capsys.readouterr().out
     assert "effective batch B x K = 2 x 4 = 8" in out
+
+
+def test_estimators_figure_draws_the_card_as_it_reports_and_the_plan_limit() -> None:
+    """--budget 24GB (24e9 bytes) is a card sold as 24 GB: it reports about 24 GiB (dashed), and the planner
+    plans within 24e9 less the 10% margin = 21.6e9 bytes = 20.1 GiB (dotted). A budget in GiB is the card."""
+    import matplotlib.pyplot as plt
+
+    profiles = {"gpt2-small": {"none": preset_profile("gpt2-small", 128, "none")}}
+    n = param_count(PRESETS["gpt2-small"])
+    fig = lesson09.estimators_figure(profiles, n, budget_bytes=24e9)
+    (ax,) = fig.axes
+    assert sorted(line.get_ydata()[0] for line in ax.lines) == pytest.approx([21.6e9 / 2**30, 24.0])
+    labels = [t.get_text() for t in ax.texts]
+    assert labels == ["card: about 24.0 GiB\n(sold as 24 GB)", "plan within 20.1 GiB"]
+    plt.close(fig)
+    fig = lesson09.estimators_figure(profiles, n, budget_bytes=24 * 2**30, cuda_margin=0.0)
+    assert [t.get_text() for t in fig.axes[0].texts] == ["card: about 24.0 GiB", "plan within 24.0 GiB"]
+    plt.close(fig)
 
 
 def test_exercise_checkers() -> None:
