@@ -50,3 +50,36 @@ def test_hf_config(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noq
     path.write_text(json.dumps(config))
     assert plan.main(["--hf-config", str(path), "--seq-len", "32", "--json", "--budget", "1GB"]) == 0
     assert json.loads(capsys.readouterr().out)["parameters"] > 0
+
+
+def test_a_preset_command_is_planned_once_and_nothing_else_is_kept(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same `--preset` command again (lesson 00: the table, then --json) reuses its plan; any other
+    setting, or a `--model` factory (user code that may change), is planned afresh."""
+    class Report:
+        def table(self) -> str:
+            return "TABLE"
+
+        def to_dict(self) -> dict:
+            return {"plan": None}
+
+    runs: list[dict] = []
+
+    def run(args: object) -> tuple[tuple[str, ...], Report]:
+        runs.append(vars(args).copy())
+        return ("source",), Report()
+
+    monkeypatch.setattr(plan, "_run", run)
+    plan._preset_run.cache_clear()
+    try:
+        command = ["--preset", "gpt2-small", "--seq-len", "256", "--budget", "8GiB"]
+        assert plan.main(command) == 0 and plan.main([*command, "--json"]) == 0
+        assert len(runs) == 1 and "json" not in runs[0] and runs[0]["budget"] == "8GiB"
+        assert plan.main([*command[:-1], "4GiB"]) == 0 and plan.main([*command, "--precision", "bf16"]) == 0
+        assert [r["budget"] for r in runs] == ["8GiB", "4GiB", "8GiB"] and runs[-1]["precision"] == "bf16"
+        model = ["--model", "helpers.plan:example_classifier", "--input-shape", "3,8,8", "--num-classes", "2"]
+        assert plan.main(model) == 0 and plan.main(model) == 0 and len(runs) == 5
+        out = capsys.readouterr().out
+        assert out.count("TABLE") == 5 and out.count('"plan": null') == 1
+    finally:
+        plan._preset_run.cache_clear()
