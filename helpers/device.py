@@ -77,12 +77,19 @@ def gpu_memory_cap_gb() -> float | None:
     return value
 
 
-def gpu_total_gb(device: torch.device) -> float:
-    """Total memory of the CUDA `device` in decimal GB."""
+def cuda_index(device: torch.device) -> int:
+    """The index of the CUDA `device`: its own, or the current device's for a bare "cuda".
+
+    Some CUDA calls (`set_per_process_memory_fraction` on torch 2.11) refuse a device without one.
+    """
     if device.type != "cuda":
         raise ValueError(f"device={device} is not a CUDA device")
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_properties(index).total_memory / GB
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def gpu_total_gb(device: torch.device) -> float:
+    """Total memory of the CUDA `device` in decimal GB."""
+    return torch.cuda.get_device_properties(cuda_index(device)).total_memory / GB
 
 
 def scale_for_gpu_memory(gb: float) -> str:
@@ -147,7 +154,7 @@ def apply_memory_cap(device: torch.device) -> float | None:
     cap = _checked_cap(device)
     if cap is None:
         return None
-    torch.cuda.set_per_process_memory_fraction(cap / gpu_total_gb(device), device)
+    torch.cuda.set_per_process_memory_fraction(cap / gpu_total_gb(device), cuda_index(device))
     return cap
 
 

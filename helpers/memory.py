@@ -348,7 +348,7 @@ def run_capped(fn: Callable[[], object], budget_bytes: float, device: torch.devi
     Raises:
         ValueError: if `device` is not CUDA, or `counted_bytes` is not in [0, budget_bytes).
     """
-    from helpers.device import apply_memory_cap
+    from helpers.device import apply_memory_cap, cuda_index
 
     if not isinstance(device, torch.device) or device.type != "cuda":
         raise ValueError(f"run_capped needs a CUDA device, got {device!r}; on CPU draw a budget line instead")
@@ -357,13 +357,14 @@ def run_capped(fn: Callable[[], object], budget_bytes: float, device: torch.devi
         raise ValueError(f"counted_bytes must be in [0, budget_bytes={budget:.0f}), got {counted_bytes!r}")
     gc.collect()
     torch.cuda.empty_cache()
-    total = torch.cuda.get_device_properties(device).total_memory
-    fraction = min(1.0, (torch.cuda.memory_reserved(device) + budget - counted_bytes) / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    index = cuda_index(device)
+    total = torch.cuda.get_device_properties(index).total_memory
+    fraction = min(1.0, (torch.cuda.memory_reserved(index) + budget - counted_bytes) / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
     try:
         return run_or_oom(fn)
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
         apply_memory_cap(device)  # put back the LESSONS_GPU_MEMORY_GB cap, if one is set
         gc.collect()
         torch.cuda.empty_cache()

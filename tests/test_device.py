@@ -55,8 +55,12 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> dict:
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda index: SimpleNamespace(total_memory=int(state["gb"] * GB), name="Fake GPU"))
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
-                        lambda fraction, device=None: state["fractions"].append(fraction))
+    def set_fraction(fraction: float, device: object = None) -> None:
+        if isinstance(device, torch.device) and device.index is None:  # as torch 2.11 does
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, got:{device}")
+        state["fractions"].append(fraction)
+
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
     for var in ("LESSONS_SCALE", "LESSONS_GPU_MEMORY_GB", "LESSONS_DEVICE"):
         monkeypatch.delenv(var, raising=False)
     return state
