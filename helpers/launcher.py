@@ -150,8 +150,11 @@ class WorkerPool:
         self.timeout_s = positive_number("timeout_s", timeout_s)
         self.backend = backend or pick_backend(world_size)
         self._workdir = tempfile.mkdtemp(prefix="lesson07-pool-")
-        ctx = mp.get_context(choice(POOL_START_ENV, os.environ.get(POOL_START_ENV, "spawn"),
-                                    ("spawn", "fork", "forkserver")))
+        start = choice(POOL_START_ENV, os.environ.get(POOL_START_ENV, "spawn"),
+                       ("spawn", "fork", "forkserver"))
+        if self.backend == "nccl":  # a forked child cannot re-initialise the CUDA its parent already set up
+            start = "spawn"
+        ctx = mp.get_context(start)
         self._results = ctx.Queue()
         self._tasks = [ctx.Queue() for _ in range(world_size)]
         self._logs = [os.path.join(self._workdir, f"rank{r}.log") for r in range(world_size)]
