@@ -263,12 +263,13 @@ def compiled_point(model: nn.Module, h: torch.Tensor, budget: float = 1.0, *,
     compiled = torch.compile(wrapper or _plain, backend=BACKEND)
     with apply_ac(model, compiled):
         try:
-            with torch._functorch.config.patch(activation_memory_budget=float(budget)), _caught(notes):
-                _run_blocks(model, h).sum().backward()  # compiles forward and backward at this budget
-            model.zero_grad(set_to_none=True)
-            out = _run_blocks(model, h)
-            saved = saved_by_compiled(out, keep=_state(model, h))
-            flops = backward_flops(out)
+            with _caught(notes):  # the whole measurement: on CUDA, torch warns lazily at the first runs too
+                with torch._functorch.config.patch(activation_memory_budget=float(budget)):
+                    _run_blocks(model, h).sum().backward()  # compiles forward and backward at this budget
+                model.zero_grad(set_to_none=True)
+                out = _run_blocks(model, h)
+                saved = saved_by_compiled(out, keep=_state(model, h))
+                flops = backward_flops(out)
         finally:
             _clean(model, h)
     return RecomputePoint(label or f"compiled, budget {budget:.2f}", saved, flops, baseline, compiled=True,
