@@ -108,16 +108,19 @@ def mse_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class AllReduceCounter:
-    """State of the counting communication hook: `calls` = bucket all-reduces so far."""
+    """State of the counting communication hook: `calls` = synchronised backward passes so far,
+    `buckets` = bucket all-reduces (one or more per synchronised backward)."""
 
     group: object = None
     calls: int = 0
+    buckets: int = 0
 
 
 def _counting_allreduce(state, bucket):  # no annotations: DDP checks real ones, and this module's are strings
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    state.calls += 1
+    state.buckets += 1
+    state.calls += bucket.is_last()  # a backward all-reduces each bucket; its last one closes the sync
     return default_hooks.allreduce_hook(state.group, bucket)  # DDP's own all-reduce, then / W
 
 
@@ -125,9 +128,11 @@ def count_allreduces(ddp_model: nn.Module) -> AllReduceCounter:
     """Register a DDP communication hook on `ddp_model` that counts its gradient all-reduces.
 
     The hook does exactly what DDP does without a hook (all-reduce each bucket,
-    divide by the group size), and adds one to `counter.calls` per bucket. Call
-    it once, before the first backward. The lesson's models fit in one bucket,
-    so one count is one synchronised backward.
+    divide by the group size). It adds one to `counter.buckets` per bucket, and one
+    to `counter.calls` per synchronised backward (at its last bucket). Call it once,
+    before the first backward. A model with more gradient bytes than DDP's first
+    bucket (1 MiB once DDP has rebuilt its buckets after the first backward) sends
+    several buckets per synchronised backward: the lessons' models do at the GPU scale.
 
     Args:
         ddp_model: a `DistributedDataParallel` model.

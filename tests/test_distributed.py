@@ -8,6 +8,7 @@ The launchers themselves are tested in tests/test_launcher.py. Tests marked
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 
 import pytest
 import torch
@@ -210,3 +211,23 @@ def test_same_data_on_every_rank_breaks_the_match(pool: WorkerPool) -> None:
 
 
 # -- FSDP2: the persistent state is 1/W, the peak is not ------------------------------------------
+
+
+def test_the_counter_counts_synchronised_backwards_not_buckets(tmp_path: pathlib.Path) -> None:
+    """2 MiB of gradients in 1 MiB buckets: several bucket all-reduces, one call per backward."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))
+        ddp = DDP(model, bucket_cap_mb=1)
+        counter = D.count_allreduces(ddp)
+        x = torch.randn(4, 512)
+        for _ in range(3):
+            ddp(x).sum().backward()
+        with ddp.no_sync():
+            ddp(x).sum().backward()  # no sync: neither count moves
+        assert counter.calls == 3 and counter.buckets > counter.calls, counter  # 1 bucket before DDP rebuilds
+    finally:
+        dist.destroy_process_group()
