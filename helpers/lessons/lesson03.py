@@ -201,6 +201,7 @@ class LessonSizes:
     b_eff: int  # throughput sweep: effective batch
     widget_b_max: int  # memory widget: largest micro-batch size B
     widget_k_max: int  # ... and largest accumulation steps K
+    updates: int  # SGD updates of the K-times-gradient run (the wider GPU-scale MLPs learn slower)
 
 
 def lesson_sizes(scale: str) -> LessonSizes:
@@ -228,6 +229,7 @@ def lesson_sizes(scale: str) -> LessonSizes:
         gpt_micro=gpt_micro, gpt_k=gpt_k,
         b_eff=pick(tiny=8, small=16, medium=32, full=32),
         widget_b_max=b_max, widget_k_max=k_max,
+        updates=pick(tiny=15, small=15, medium=30, full=30),
     )
 
 
