@@ -9,7 +9,8 @@ This is a benchmark, not a test: it prints and saves numbers and fails only if
 a notebook fails to execute. `--cells` also prints the slowest cells;
 `--images DIR` saves every PNG the notebooks displayed (reference figures);
 `--executed DIR` saves each executed notebook, a failed one too (up to its
-failing cell, with the traceback). The JSON is rewritten after each notebook, so
+failing cell, with the traceback; with `--keep-going`, every cell, each failure
+listed). The JSON is rewritten after each notebook, so
 a run cut short keeps what finished. `--jobs N` runs N notebooks at a time (for
 a machine with many cores, e.g. `make gpu`); its seconds then include the
 others' load, so the default, 1, is the one to compare with the 60 s target.
@@ -59,14 +60,18 @@ def save_images(nb, stem: str, folder: Path) -> int:  # noqa: ANN001
     return count
 
 
-def run_one(path: Path, cells: bool, images: Path | None = None, executed: Path | None = None) -> dict:
-    """Execute one notebook (in this process) and return its timings; `executed`: save it there."""
+def run_one(path: Path, cells: bool, images: Path | None = None, executed: Path | None = None,
+            keep_going: bool = False) -> dict:
+    """Execute one notebook (in this process) and return its timings; `executed`: save it there.
+
+    `keep_going` runs every cell even after one fails, and reports each failed cell.
+    """
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=600, kernel_name="python3",
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=keep_going,
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     error = None
@@ -78,6 +83,13 @@ def run_one(path: Path, cells: bool, images: Path | None = None, executed: Path 
         error = {"cell": cell, "ename": getattr(exc, "ename", type(exc).__name__),
                  "evalue": str(getattr(exc, "evalue", exc))[-1500:]}
     seconds = time.perf_counter() - start
+    failed_cells = [{"cell": i, "ename": o.get("ename", ""), "evalue": str(o.get("evalue", ""))[-600:]}
+                    for i, c in enumerate(nb.cells) for o in c.get("outputs", [])
+                    if o.get("output_type") == "error"]
+    if error is None and failed_cells:  # keep_going: the first failure is the error, all are listed
+        error = dict(failed_cells[0])
+    if error is not None:
+        error["all_failed_cells"] = failed_cells
     per_cell = []
     for i, cell in enumerate(nb.cells):
         ex = cell.get("metadata", {}).get("execution", {})
@@ -196,6 +208,7 @@ def bench_widgets(env: dict[str, str]) -> dict:
 def run_child(nb: Path, args: argparse.Namespace, env: dict[str, str]) -> tuple[Path, dict | None, str]:
     """Execute one notebook in a fresh subprocess; return (path, its result or None, stderr's tail)."""
     cmd = [sys.executable, __file__, "--one", str(nb.resolve())] + (["--cells"] if args.cells else [])
+    cmd += ["--keep-going"] if args.keep_going else []
     for flag, folder in (("--images", args.images), ("--executed", args.executed)):
         if folder:
             cmd += [flag, str(folder.resolve())]
@@ -219,6 +232,8 @@ def report(run: tuple[Path, dict | None, str], summary: dict) -> None:
         err = res["error"]
         print(f"{nb.name:<40}   FAILED at cell {err['cell']} after {res['seconds']:.1f}s: "
               f"{err['ename']}: {err['evalue'][-600:]}")
+        for more in err.get("all_failed_cells", [])[1:]:
+            print(f"    and cell {more['cell']}: {more['ename']}: {more['evalue'][-400:]}")
     else:
         flag = "" if res["seconds"] <= TARGET_S else f"  (over the {TARGET_S:.0f} s target)"
         print(f"{res['notebook']:<40}{res['seconds']:>8.1f}s{res['peak_rss_mib']:>7} MiB{flag}")
@@ -242,6 +257,8 @@ def main() -> int:
     parser.add_argument("--images", type=Path, help="save displayed PNGs into this folder")
     parser.add_argument("--executed", type=Path, help="save each executed notebook (with outputs) here")
     parser.add_argument("--jobs", type=int, default=1, help="notebooks run at a time (default 1)")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="run every cell even after one fails, and list each failed cell")
     parser.add_argument("--no-widgets", action="store_true", help="do not time the lesson widgets")
     parser.add_argument("--widgets-only", action="store_true", help="only time the lesson widgets")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # internal: child mode
@@ -263,7 +280,7 @@ def main() -> int:
     if args.one:
         images = args.images.resolve() if args.images else None
         executed = args.executed.resolve() if args.executed else None
-        result = run_one(args.one, args.cells, images, executed)
+        result = run_one(args.one, args.cells, images, executed, args.keep_going)
         print(json.dumps(result))
         return 1 if "error" in result else 0
 

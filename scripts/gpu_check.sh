@@ -15,7 +15,8 @@
 #   LESSONS_DEVICE=cpu LESSONS_SCALE=tiny bash scripts/gpu_check.sh   # dry run on a CPU machine
 # A machine without network carries the Jupyter kernel stack as wheels in .whl/ (make gpu-kit);
 # they are installed with pip --no-index --no-deps --target into a temporary folder.
-# LESSONS_SCALE, when set, applies to every phase. At most 8 files land in $OUT: summary.txt,
+# PHASES="a b c d e" (the default) picks phases; NOTEBOOKS="notebooks/01_....ipynb ..." limits (b) (default:
+# every lesson), e.g. to rerun only what failed. LESSONS_SCALE, when set, applies to every phase. At most 8 files land in $OUT: summary.txt,
 # run.log, bench_full.json, bench_24gb.json, bench_16gb.json, notebooks_<device>.tar.gz (executed
 # notebooks, a failed one up to its error, and figures, named with the device), ledger_<device>.md,
 # plan_vs_cuda.json.
@@ -27,7 +28,8 @@ KIT=${KIT_DIR:-.whl}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/lessons-gpu.XXXXXX")
 # Seconds per phase; the lanes run side by side, so the longest lane plus the setup stays under 8 minutes.
 T_TESTS=${T_TESTS:-120} T_NOTEBOOKS=${T_NOTEBOOKS:-400} T_CAPPED=${T_CAPPED:-170} T_LEDGER=${T_LEDGER:-360}
-T_PLAN=${T_PLAN:-120} NB_JOBS=${NB_JOBS:-3} LANES=${LANES:-4}
+T_PLAN=${T_PLAN:-120} NB_JOBS=${NB_JOBS:-3} LANES=${LANES:-4} PHASES=${PHASES:-a b c d e}
+read -r -a SELECTED <<< "${NOTEBOOKS:-}"
 CAPPED=(notebooks/01_where_memory_goes.ipynb notebooks/03_gradient_accumulation.ipynb)
 mkdir -p "$OUT"
 rm -f "$OUT"/{summary.txt,run.log,bench_full.json,bench_24gb.json,bench_16gb.json,plan_vs_cuda.json} \
@@ -69,19 +71,20 @@ print(re.sub(r'[^a-z0-9]+', '-', n.lower().replace('nvidia', '')).strip('-'))")
   # Each phase: its log in $WORK/<name>.log, its exit status in $WORK/<name>.rc.
   phase() {  # phase NAME TIMEOUT COMMAND...
     local name=$1 limit=$2; shift 2
+    [[ " $PHASES " == *" ${name:0:1} "* ]] || return 0  # not asked for: no log, no status (skipped)
     echo "== $name started at $((SECONDS - start)) s"
     timeout "$limit" "$@" >"$WORK/$name.log" 2>&1
     echo $? >"$WORK/$name.rc"
     echo "== $name ended at $((SECONDS - start)) s (rc $(cat "$WORK/$name.rc"))"
   }
   lane_notebooks() {
-    phase b_notebooks "$T_NOTEBOOKS" $PY scripts/bench.py --cells --no-widgets --jobs "$NB_JOBS" \
-      --out "$OUT/bench_full.json" --images "$WORK/nb/full" --executed "$WORK/nb/full"
+    phase b_notebooks "$T_NOTEBOOKS" $PY scripts/bench.py --cells --no-widgets --keep-going --jobs "$NB_JOBS" \
+      --out "$OUT/bench_full.json" --images "$WORK/nb/full" --executed "$WORK/nb/full" "${SELECTED[@]}"
   }
   lane_capped() {
     local gb
     for gb in 24 16; do
-      LESSONS_GPU_MEMORY_GB=$gb phase "c_${gb}gb" "$T_CAPPED" $PY scripts/bench.py --no-widgets \
+      LESSONS_GPU_MEMORY_GB=$gb phase "c_${gb}gb" "$T_CAPPED" $PY scripts/bench.py --no-widgets --keep-going \
         --out "$OUT/bench_${gb}gb.json" --images "$WORK/nb/${gb}gb" --executed "$WORK/nb/${gb}gb" "${CAPPED[@]}"
     done
   }
