@@ -259,7 +259,8 @@ def compiled_point(model: nn.Module, h: torch.Tensor, budget: float = 1.0, *,
     number_in_range("budget", budget, 0.0, 1.0)
     baseline = _baseline(model, h)
     notes: list[str] = []
-    torch.compiler.reset()
+    with _caught(notes):  # on CUDA, reset() is what first imports the compiler (torch 2.11 warns there)
+        torch.compiler.reset()
     compiled = torch.compile(wrapper or _plain, backend=BACKEND)
     with apply_ac(model, compiled):
         try:
