@@ -261,6 +261,8 @@ def main() -> int:
                         help="run every cell even after one fails, and list each failed cell")
     parser.add_argument("--no-widgets", action="store_true", help="do not time the lesson widgets")
     parser.add_argument("--widgets-only", action="store_true", help="only time the lesson widgets")
+    parser.add_argument("--no-overhead", action="store_true",
+                        help="do not time measure_step against a plain step (a CPU figure)")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # internal: child mode
     parser.add_argument("--widgets-child", action="store_true", help=argparse.SUPPRESS)  # internal
     parser.add_argument("--overhead-child", action="store_true", help=argparse.SUPPRESS)  # internal
@@ -304,7 +306,7 @@ def main() -> int:
             report(done.result(), summary)
             save(summary, args.out)
     widgets = None if args.no_widgets else bench_widgets(env)
-    overhead = None if args.widgets_only else bench_overhead(env)
+    overhead = None if args.widgets_only or args.no_overhead else bench_overhead(env)
     if widgets is not None:
         summary["widgets"] = widgets
     if overhead is not None:

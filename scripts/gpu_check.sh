@@ -5,10 +5,10 @@
 #   card and a T4), (d) the claim ledger (python -m helpers.review) when it exists, (e) the meta plan
 #   beside torch.cuda.max_memory_allocated (scripts/plan_vs_cuda.py); then a summary.
 # The phases run side by side, in four lanes, each phase under its own timeout: (b) with NB_JOBS
-# notebooks at a time (default 3); (c) at 24 then 16 GB; (a) then (e); (d). Memory
-# figures are per process (the caching allocator's own counters), so they do not see one another;
-# the seconds do (the timings the notebooks show are not asserted). NB_JOBS=1 and LANES=1 run it
-# all one at a time.
+# notebooks at a time (default 3); (c) at 24 then 16 GB (CAPPED_NOTEBOOKS: default 01 and 03); (a)
+# then (e); (d). Memory figures are per process (the caching allocator's own counters), so they do not
+# see one another; the seconds do (the timings the notebooks show are not asserted). NB_JOBS=1 and
+# LANES=1 run it all one at a time.
 # Usage, from the repository root:
 #   bash scripts/gpu_check.sh                   # python3 on PATH must have torch with CUDA
 #   OUT=/some/dir bash scripts/gpu_check.sh     # where the results go (default gpu-run/)
@@ -30,7 +30,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/lessons-gpu.XXXXXX")
 T_TESTS=${T_TESTS:-120} T_NOTEBOOKS=${T_NOTEBOOKS:-400} T_CAPPED=${T_CAPPED:-170} T_LEDGER=${T_LEDGER:-360}
 T_PLAN=${T_PLAN:-120} NB_JOBS=${NB_JOBS:-3} LANES=${LANES:-4} PHASES=${PHASES:-a b c d e}
 read -r -a SELECTED <<< "${NOTEBOOKS:-}"
-CAPPED=(notebooks/01_where_memory_goes.ipynb notebooks/03_gradient_accumulation.ipynb)
+read -r -a CAPPED <<< "${CAPPED_NOTEBOOKS:-notebooks/01_where_memory_goes.ipynb notebooks/03_gradient_accumulation.ipynb}"
 mkdir -p "$OUT"
 rm -f "$OUT"/{summary.txt,run.log,bench_full.json,bench_24gb.json,bench_16gb.json,plan_vs_cuda.json} \
   "$OUT"/notebooks_*.tar.gz "$OUT"/ledger_*.md
@@ -78,13 +78,14 @@ print(re.sub(r'[^a-z0-9]+', '-', n.lower().replace('nvidia', '')).strip('-'))")
     echo "== $name ended at $((SECONDS - start)) s (rc $(cat "$WORK/$name.rc"))"
   }
   lane_notebooks() {
-    phase b_notebooks "$T_NOTEBOOKS" $PY scripts/bench.py --cells --no-widgets --keep-going --jobs "$NB_JOBS" \
+    phase b_notebooks "$T_NOTEBOOKS" $PY scripts/bench.py --cells --no-widgets --no-overhead --keep-going --jobs "$NB_JOBS" \
       --out "$OUT/bench_full.json" --images "$WORK/nb/full" --executed "$WORK/nb/full" "${SELECTED[@]}"
   }
   lane_capped() {
     local gb
     for gb in 24 16; do
-      LESSONS_GPU_MEMORY_GB=$gb phase "c_${gb}gb" "$T_CAPPED" $PY scripts/bench.py --no-widgets --keep-going \
+      LESSONS_GPU_MEMORY_GB=$gb phase "c_${gb}gb" "$T_CAPPED" $PY scripts/bench.py --no-widgets --no-overhead \
+        --keep-going \
         --out "$OUT/bench_${gb}gb.json" --images "$WORK/nb/${gb}gb" --executed "$WORK/nb/${gb}gb" "${CAPPED[@]}"
     done
   }
