@@ -232,7 +232,7 @@ def stacked_bars(
     budget: float | None = None,
     budget_label: str = "budget",
     title: str = "",
-) -> None:
+) -> float:
     """One stacked bar per entry of `breakdowns`, in a byte unit that suits the tallest.
 
     Args:
@@ -241,6 +241,9 @@ def stacked_bars(
         budget: bytes at which to draw a dashed budget line, if any.
         budget_label: that line's label.
         title: the axes title.
+
+    Returns:
+        The bytes in one unit of the y axis, to draw more lines in it.
 
     Raises:
         ValueError: if `breakdowns` is empty.
@@ -263,6 +266,7 @@ def stacked_bars(
     ax.set_ylabel(unit)
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return size
 
 
 PHASE_SHADES = {"forward": "#e4eef8", "backward": "#f6e4e4", "optimizer": "#ebe6f6", "recompute": "#f5f0dc"}

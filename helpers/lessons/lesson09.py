@@ -96,9 +96,8 @@ def show_plan(
             "other": max(0.0, acts - profile.activations(b)),
         },
     }
-    plots.stacked_bars(ax, bars, title=f"{preset}: {b} x {k}{' checkpointed' if checkpoint else ''}")
+    size = plots.stacked_bars(ax, bars, title=f"{preset}: {b} x {k}{' checkpointed' if checkpoint else ''}")
     tallest = max(sum(v.values()) for v in bars.values())
-    _, size = plots.byte_unit(tallest)  # the unit stacked_bars chose
     card = _card_lines(ax, budget, usable, size)
     ax.set_ylim(0, 1.25 * max(tallest, card) / size)
     plots.show(fig)
