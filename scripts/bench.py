@@ -1,7 +1,8 @@
 """Execute every lesson notebook and report its wall time and peak memory.
 
 Usage: python scripts/bench.py [--cells] [--images DIR] [--executed DIR] [--out bench.json]
-                               [--jobs N] [--no-widgets] [--widgets-only] [NOTEBOOK ...]
+                               [--jobs N] [--keep-going] [--no-widgets] [--widgets-only]
+                               [--no-overhead] [NOTEBOOK ...]
 
 Each notebook runs in a fresh kernel, in its own subprocess, so that the peak
 resident memory (max RSS of the kernel process) belongs to that notebook alone.
@@ -74,20 +75,20 @@ def run_one(path: Path, cells: bool, images: Path | None = None, executed: Path 
     client = NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=keep_going,
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
-    error = None
+    raised = None
     try:
         client.execute()
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:  # keep what ran and the traceback
-        cell = next((i for i, c in enumerate(nb.cells) if any(o.get("output_type") == "error"
-                                                               for o in c.get("outputs", []))), None)
-        error = {"cell": cell, "ename": getattr(exc, "ename", type(exc).__name__),
-                 "evalue": str(getattr(exc, "evalue", exc))[-1500:]}
+        raised = exc
     seconds = time.perf_counter() - start
     failed_cells = [{"cell": i, "ename": o.get("ename", ""), "evalue": str(o.get("evalue", ""))[-600:]}
                     for i, c in enumerate(nb.cells) for o in c.get("outputs", [])
                     if o.get("output_type") == "error"]
-    if error is None and failed_cells:  # keep_going: the first failure is the error, all are listed
-        error = dict(failed_cells[0])
+    error = dict(failed_cells[0]) if failed_cells else None  # the first failure; with keep_going, all listed
+    if raised is not None:  # its full message (a timeout or a dead kernel leaves no error output)
+        error = {"cell": error["cell"] if error else None,
+                 "ename": getattr(raised, "ename", type(raised).__name__),
+                 "evalue": str(getattr(raised, "evalue", raised))[-1500:]}
     if error is not None:
         error["all_failed_cells"] = failed_cells
     per_cell = []
