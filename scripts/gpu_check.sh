@@ -67,7 +67,7 @@ main() {
 print(re.sub(r'[^a-z0-9]+', '-', n.lower().replace('nvidia', '')).strip('-'))")
   $PY -m helpers.env_check; local env_rc=$?
 
-  export OUT WORK PY T_TESTS T_NOTEBOOKS T_CAPPED T_LEDGER T_PLAN NB_JOBS dev
+  # The lanes below are subshells: they see these variables without exporting them.
   # Each phase: its log in $WORK/<name>.log, its exit status in $WORK/<name>.rc.
   phase() {  # phase NAME TIMEOUT COMMAND...
     local name=$1 limit=$2; shift 2
@@ -78,8 +78,8 @@ print(re.sub(r'[^a-z0-9]+', '-', n.lower().replace('nvidia', '')).strip('-'))")
     echo "== $name ended at $((SECONDS - start)) s (rc $(cat "$WORK/$name.rc"))"
   }
   lane_notebooks() {
-    phase b_notebooks "$T_NOTEBOOKS" $PY scripts/bench.py --cells --no-widgets --no-overhead --keep-going --jobs "$NB_JOBS" \
-      --out "$OUT/bench_full.json" --images "$WORK/nb/full" --executed "$WORK/nb/full" "${SELECTED[@]}"
+    phase b_notebooks "$T_NOTEBOOKS" $PY scripts/bench.py --cells --no-widgets --no-overhead --keep-going \
+      --jobs "$NB_JOBS" --out "$OUT/bench_full.json" --images "$WORK/nb/full" --executed "$WORK/nb/full" "${SELECTED[@]}"
   }
   lane_capped() {
     local gb
