@@ -43,6 +43,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from helpers.processes import (
+    POOL_START_ENV,
     WorkerError,
     _redirect_output,
     _tail,
@@ -54,6 +55,7 @@ from helpers.torchrun import RESULTS_ENV, free_port, run_main, run_torchrun, sav
 from helpers.validate import callable_arg, choice, positive_int, positive_number
 
 __all__ = [
+    "POOL_START_ENV",
     "RESULTS_ENV",
     "WorkerError",
     "WorkerPool",
@@ -68,10 +70,6 @@ __all__ = [
     "shared_pool",
 ]
 
-# How WorkerPool starts its workers: "spawn" (the default: a fresh interpreter, safe everywhere).
-# `make mutate` sets "fork", so each worker inherits the torch (and the mutated helpers) its parent
-# has imported instead of importing them again: seconds saved on each of hundreds of mutants.
-POOL_START_ENV = "LESSONS_POOL_START"
 
 
 # -- a persistent pool -----------------------------------------------------------------

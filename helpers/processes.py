@@ -28,8 +28,12 @@ import torch.distributed as dist
 
 from helpers.validate import positive_int
 
-__all__ = ["WorkerError", "max_workers", "pick_backend"]
+__all__ = ["POOL_START_ENV", "WorkerError", "max_workers", "pick_backend"]
 
+# How worker processes start: "spawn" (the default: a fresh interpreter, safe everywhere) or "fork"
+# (`make check`, `make mutate`: each worker inherits the torch, and the helpers, its parent has
+# imported instead of importing them again). `WorkerPool` reads it, and so does `run_torchrun`.
+POOL_START_ENV = "LESSONS_POOL_START"
 LOG_TAIL = 3000  # characters of a worker log shown with an error
 
 

@@ -7,6 +7,12 @@
   exception with its rank.
 - `free_port()`: a loopback TCP port nothing listens on.
 
+With `LESSONS_POOL_START=fork` (`make check`, `make mutate`; never a learner's default) and gloo,
+`run_torchrun` forks its W workers from this process and gives each the environment torchrun
+gives (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) instead of starting
+`python -m torch.distributed.run`: the script, its rendezvous and its results are the same, without
+importing torch W + 1 times. The real torchrun runs under `make test` and for learners.
+
 The rules the workers keep (no orphans, logs shown on failure) are in `helpers.processes`;
 `helpers.launcher` re-exports the public names.
 """
@@ -14,20 +20,24 @@ The rules the workers keep (no orphans, logs shown on failure) are in `helpers.p
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import runpy
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from helpers.processes import WorkerError, _kill, _tail, _watch_parent
+from helpers.processes import POOL_START_ENV, WorkerError, _kill, _tail, _watch_parent, pick_backend
 from helpers.validate import positive_int, positive_number
 
 __all__ = ["RESULTS_ENV", "free_port", "run_main", "run_torchrun", "save_result"]
@@ -95,7 +105,9 @@ def run_torchrun(script: str | os.PathLike, world_size: int, *script_args: str,
     Rendezvous on 127.0.0.1 at a free port; `OMP_NUM_THREADS=1`; the repository
     root on `PYTHONPATH` so the script can import `helpers`. The launcher's and
     workers' output goes to a log that is attached to any error. When it returns or
-    raises, the launcher and every worker are gone.
+    raises, the launcher and every worker are gone. With `LESSONS_POOL_START=fork`
+    and gloo, the workers are forks of this process with torchrun's environment
+    (see the module's docstring).
 
     Args:
         script: the worker script; it calls `save_result(obj)` on each rank (inside `run_main(main)`).
@@ -121,22 +133,15 @@ def run_torchrun(script: str | os.PathLike, world_size: int, *script_args: str,
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, **{RESULTS_ENV: str(out), "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
     env.pop("LESSONS_STRICT", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world_size}",
-           "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-           "--monitor_interval=0.1", str(script), *map(str, script_args)]
+    port = free_port()
     log_path = out / "torchrun.log"
+    forked = os.environ.get(POOL_START_ENV) == "fork" and pick_backend(world_size) == "gloo"
     try:
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
-            try:
-                code = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                code = None
-            finally:
-                _stop_group(proc)
-                for pid_file in out.glob("rank*.pid"):
-                    _kill(int(pid_file.read_text()))
+            if forked:
+                code = _forked_ranks(script, world_size, script_args, env, port, log, timeout_s)
+            else:
+                code = _torchrun(script, world_size, script_args, env, port, log, timeout_s)
         if code is None:
             raise TimeoutError(f"{script.name} did not finish within {timeout_s:g} s; the launcher and "
                                f"every worker were killed. Log tail:\n{_tail(log_path)}")
@@ -151,6 +156,89 @@ def run_torchrun(script: str | os.PathLike, world_size: int, *script_args: str,
         return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _torchrun(script: Path, world_size: int, script_args: tuple, env: dict, port: int, log: io.TextIOBase,
+              timeout_s: float) -> int | None:
+    """`python -m torch.distributed.run`; its exit code, or None after `timeout_s` (all killed)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world_size}",
+           "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={port}",
+           "--monitor_interval=0.1", str(script), *map(str, script_args)]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        _stop_group(proc)
+        for pid_file in Path(env[RESULTS_ENV]).glob("rank*.pid"):
+            _kill(int(pid_file.read_text()))
+
+
+def _forked_ranks(script: Path, world_size: int, script_args: tuple, env: dict, port: int, log: io.TextIOBase,
+                  timeout_s: float) -> int | None:
+    """W forks of this process, each running `script` as torchrun's worker of that rank would.
+
+    Returns the first non-zero exit code (the other ranks are then killed, as torchrun does), 0, or
+    None after `timeout_s` (all killed).
+    """
+    pids = []
+    for rank in range(world_size):
+        rank_env = {"RANK": rank, "LOCAL_RANK": rank, "GROUP_RANK": 0, "ROLE_RANK": rank,
+                    "WORLD_SIZE": world_size, "LOCAL_WORLD_SIZE": world_size, "ROLE_WORLD_SIZE": world_size,
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "TORCHELASTIC_RESTART_COUNT": 0,
+                    "TORCHELASTIC_MAX_RESTARTS": 0, "TORCHELASTIC_RUN_ID": "none",
+                    "TORCHELASTIC_USE_AGENT_STORE": "False"}
+        rank_env = {**env, **{k: str(v) for k, v in rank_env.items()}}
+        pid = os.fork()
+        if pid == 0:  # a worker: never returns to the caller
+            os._exit(_forked_rank(script, script_args, rank_env, log))
+        pids.append(pid)
+    codes: dict[int, int] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(codes) < len(pids) and time.monotonic() < deadline:
+            for pid in pids:
+                if pid not in codes:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        codes[pid] = os.waitstatus_to_exitcode(status)
+            failed = [c for c in codes.values() if c != 0]
+            if failed:
+                return failed[0]
+            time.sleep(0.02)
+        return 0 if len(codes) == len(pids) else None
+    finally:
+        for pid in pids:
+            if pid not in codes:
+                _kill(pid)
+                os.waitpid(pid, 0)
+
+
+def _forked_rank(script: Path, script_args: tuple, env: dict, log: io.TextIOBase) -> int:
+    """In a forked worker: torchrun's environment and command line, then the script as __main__."""
+    code = 1
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        warnings.resetwarnings()  # a fresh interpreter's filters, not the notebook's (strict: errors)
+        for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):
+            warnings.filterwarnings("ignore", category=category)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = sys.stderr = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=True)  # noqa: SIM115
+        sys.argv = [str(script), *map(str, script_args)]
+        sys.path.insert(0, str(script.parent))  # as `python script.py` does
+        runpy.run_path(str(script), run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - reported in the log, which an error shows
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+    return code
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

@@ -126,11 +126,12 @@ def main():
     rank = dist.get_rank()
     if sys.argv[1] == "fail" and rank == 1:
         raise KeyError("rank 1 lost its key")
+    with open(os.path.join(sys.argv[2], f"started-{rank}"), "w") as f:  # this worker is up
+        f.write(str(os.getpid()))
     if sys.argv[1] == "hang":
-        open(os.path.join(sys.argv[2], f"started-{rank}"), "w").close()  # this worker is up
         time.sleep(600)
     dist.barrier()
-    save_result({"rank": rank, "world": dist.get_world_size(), "arg": sys.argv[1]})
+    save_result({"rank": rank, "world": dist.get_world_size(), "arg": sys.argv[1], "parent": os.getppid()})
     dist.destroy_process_group()
 
 if __name__ == "__main__":
@@ -145,29 +146,40 @@ def script(tmp_path: Path) -> Path:
     return path
 
 
-def _worker_pids(script: Path) -> list[int]:
-    pids = []
+def _worker_pids(script: Path, markers: Path) -> list[int]:
+    """The workers still running: by command line (torchrun's), or by the pid each one wrote (either)."""
+    pids = {int(p.read_text()) for p in markers.glob("started-*") if p.read_text()}
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             if str(script).encode() in cmdline.read_bytes():
-                pids.append(int(cmdline.parent.name))
+                pids.add(int(cmdline.parent.name))
         except OSError:
             continue
-    return pids
+    return sorted(pids)
+
+
+@pytest.fixture(params=["spawn", "fork"])
+def start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways run_torchrun starts workers: the real torchrun, and forks with its environment."""
+    monkeypatch.setenv(L.POOL_START_ENV, request.param)
+    return request.param
 
 
 @pytest.mark.distributed
-def test_torchrun_results_and_failure(script: Path) -> None:
-    assert L.run_torchrun(script, 2, "ok", timeout_s=180) == [
-        {"rank": 0, "world": 2, "arg": "ok"}, {"rank": 1, "world": 2, "arg": "ok"}]
+def test_torchrun_results_and_failure(script: Path, tmp_path: Path, start: str) -> None:
+    results = L.run_torchrun(script, 2, "ok", str(tmp_path), timeout_s=180)
+    parents = {r.pop("parent") for r in results}
+    assert results == [{"rank": 0, "world": 2, "arg": "ok"}, {"rank": 1, "world": 2, "arg": "ok"}]
+    assert (parents == {os.getpid()}) == (start == "fork")  # forks of this process, or torchrun's children
     with pytest.raises(L.WorkerError, match="rank 1 lost its key") as info:
-        L.run_torchrun(script, 2, "fail", timeout_s=180)
+        L.run_torchrun(script, 2, "fail", str(tmp_path), timeout_s=180)
     assert info.value.rank == 1
-    assert _wait_gone(_worker_pids(script)) == []
+    assert len(list(tmp_path.glob("started-*"))) == 2
+    assert _wait_gone(_worker_pids(script, tmp_path)) == []
 
 
 @pytest.mark.distributed
-def test_torchrun_timeout_kills_everything(script: Path, tmp_path: Path) -> None:
+def test_torchrun_timeout_kills_everything(script: Path, tmp_path: Path, start: str) -> None:
     # Both workers must be up (hanging) when the deadline strikes. They start in about 5 s on an
     # idle 2-core machine; on a loaded one, try again with a longer deadline rather than pass
     # without having killed running workers.
@@ -176,7 +188,7 @@ def test_torchrun_timeout_kills_everything(script: Path, tmp_path: Path) -> None
         markers.mkdir()
         with pytest.raises(TimeoutError, match="did not finish"):
             L.run_torchrun(script, 2, "hang", str(markers), timeout_s=timeout_s)
-        assert _wait_gone(_worker_pids(script)) == []
+        assert _wait_gone(_worker_pids(script, markers)) == []
         if len(list(markers.glob("started-*"))) == 2:
             break
     assert sorted(p.name for p in markers.glob("started-*")) == ["started-0", "started-1"], (
