@@ -258,7 +258,9 @@ def start_workers(world_size: int = 2) -> Future:
     """Start `world_size` gloo workers in the background and warm them up.
 
     Spawned workers spend seconds importing torch, Accelerate and DDP's modules. Started
-    early, they do it while the caller works on.
+    early, they do it while the caller works on. Under `LESSONS_POOL_START=fork` the pool starts
+    here, before this returns: a fork made from a background thread while the caller's thread
+    imports or compiles can copy a lock that thread holds into the child, which then hangs.
 
     Args:
         world_size: workers to start.
@@ -267,7 +269,7 @@ def start_workers(world_size: int = 2) -> Future:
         A Future whose `result()` is a `helpers.launcher.WorkerPool` for
         `two_worker_update(..., pool=...)`; close it after.
     """
-    from helpers.launcher import WorkerPool
+    from helpers.launcher import POOL_START_ENV, WorkerPool
 
     positive_int("world_size", world_size)
 
@@ -276,6 +278,10 @@ def start_workers(world_size: int = 2) -> Future:
         pool.run(_warm_up)
         return pool
 
+    if os.environ.get(POOL_START_ENV) == "fork":
+        ready: Future = Future()
+        ready.set_result(start())
+        return ready
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lesson10-workers")
     future = executor.submit(start)
     executor.shutdown(wait=False)  # the one task still runs; nothing else is accepted

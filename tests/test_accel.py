@@ -152,3 +152,27 @@ def test_two_gloo_workers_all_reduce_once_per_update(accel, monkeypatch: pytest.
         assert out["allreduces"] == [0, 0, 1, 1, 1, 2], out["allreduces"]  # counted by the comm hook
         assert out["syncs"] == [False, False, True] * 2
         assert compare_grads(_flat(single), out["weights"]).max_rel <= 1e-5
+
+
+def test_forked_workers_start_in_the_callers_thread(accel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork made from a background thread can copy a lock the caller's thread holds (lesson 10 hung
+    so under `make check`): with LESSONS_POOL_START=fork the pool starts before start_workers returns."""
+    import threading
+
+    from helpers import launcher
+
+    started: list[threading.Thread] = []
+
+    class Pool:  # stands in for WorkerPool: records which thread started it
+        def __init__(self, world_size: int, timeout_s: float) -> None:
+            started.append(threading.current_thread())
+
+        def run(self, fn: object) -> None:
+            pass
+
+    monkeypatch.setattr(launcher, "WorkerPool", Pool)
+    monkeypatch.setenv(launcher.POOL_START_ENV, "fork")
+    assert accel.start_workers(2).done() and started == [threading.current_thread()]
+    monkeypatch.setenv(launcher.POOL_START_ENV, "spawn")
+    accel.start_workers(2).result(timeout=30)
+    assert len(started) == 2 and started[1] is not threading.current_thread()  # spawned: in the background
