@@ -14,12 +14,16 @@ NBVAL   := --nbval-lax --nbval-current-env --nbval-cell-timeout=600
 # thread: on a 2-core machine two one-thread processes beat one two-thread process, and a
 # shared machine does not stall in torch's spinning thread pool. Notebooks go to the workers
 # whole (--dist loadfile: one kernel per notebook, its cells in order). JOBS=0 runs serially.
+# `check` runs each notebook as one test (--forked-notebooks, conftest.py), so its tests can be
+# shared out one by one (--dist worksteal: an idle worker takes work from a busy one).
 JOBS    ?= 2
 XDIST   := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
+XDIST_CHECK := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist worksteal)
 HEADLESS := MPLBACKEND=Agg OMP_NUM_THREADS=1
 PYTEST  := $(HEADLESS) $(VENV)/bin/pytest -q -p no:cacheprovider
-# Lesson 07's worker pools fork the imported torch in the tiny notebooks, as in the unit tests
-# (seconds saved per pool); learners, and the notebooks at the CPU scale, get spawned ones.
+# Lesson 07's worker pools and torchrun workers fork the imported torch in the tiny notebooks, as in
+# the unit tests (seconds saved per worker); learners, and the notebooks at the CPU scale, get
+# spawned pools and the real torchrun.
 FORK    := LESSONS_POOL_START=fork
 TINY    := LESSONS_SCALE=tiny $(FORK)
 # Jupyter refuses to start as root (containers, Colab-like VMs) unless told it is fine.
@@ -49,13 +53,15 @@ lab: setup  ## open JupyterLab on the lessons
 # pools), which `check` leaves to `test` (DESIGN.md): `test`'s first session takes them beside the
 # unit tests (-m "$(UNIT_AND_WORKERS)"). Each tier runs its unit tests and its notebooks in one
 # pytest session, so the two workers share out the work. The unit tests' worker pools fork
-# (tests/conftest.py). The last session of `test` runs the browser test (one JupyterLab, one xdist
+# (tests/conftest.py). `check` runs each notebook in a fork of a clean copy of its pytest worker,
+# in an in-process kernel (--forked-notebooks, conftest.py): about 7 CPU-s less per notebook than a
+# fresh Jupyter kernel; `test` runs them under nbval, each in its own kernel. The last session of `test` runs the browser test (one JupyterLab, one xdist
 # worker) beside the slow tests (the Colab simulation, the widgets' hang guards, the presets'
 # full-profile grid) on the other.
 UNIT    := not browser and not slow and not distributed
 UNIT_AND_WORKERS := not browser and not slow
 check: lint  ## everyday (target 90 s on 2 cores): ruff, unit tests without worker processes, every notebook at tiny
-	$(TINY) LESSONS_STRICT=1 $(PYTEST) $(XDIST) $(NBVAL) -m '$(UNIT)' tests notebooks/
+	$(TINY) LESSONS_STRICT=1 $(PYTEST) -p no:nbval $(XDIST_CHECK) --forked-notebooks -m '$(UNIT)' notebooks/ tests
 
 test: lint  ## everything, as CI runs it: unit + distributed tests, notebooks at CPU scale, browser, Colab, widgets
 	LESSONS_STRICT=1 $(PYTEST) $(XDIST) $(NBVAL) -m '$(UNIT_AND_WORKERS)' tests notebooks/
