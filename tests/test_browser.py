@@ -155,6 +155,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     # This test checks the frontend (rendering, controls, every slider answering), not the claims,
     # which nbval checks at the CPU scale: so the lessons run at `tiny` unless LESSONS_SCALE says otherwise.
     env.setdefault("LESSONS_SCALE", "tiny")
+    # For the same reason lesson 07's and 10's workers are forks of the kernel (`make check`'s
+    # LESSONS_POOL_START=fork), not fresh interpreters that each import torch.
+    env.setdefault("LESSONS_POOL_START", "fork")
     env.update(
         PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
         JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
