@@ -5,13 +5,17 @@ stderr (a warning, a stray log): lessons run clean.
 
 - Under nbval (`--nbval-lax`, `make test` and `make notebooks`): each notebook in its own Jupyter
   kernel, a fresh process, as a learner runs it.
-- With `--forked-notebooks` (`make check`): each notebook in a fork of the pytest worker, inside an
-  in-process IPython kernel (`ipykernel.inprocess`, so code sees a kernel, as in Jupyter). The
-  worker imports what the notebook imports (torch, torch's compiler stack, the helpers, matplotlib)
-  before it forks, so each is paid once per worker, not once per notebook (about 7 CPU-s each).
-  The fork starts from the worker's modules but runs in its own process: nothing a notebook sets
-  (seeds, warning filters, torch flags) reaches the tests or the next notebook. One test per notebook;
-  a failure names the cell and shows its traceback and output.
+- With `--forked-notebooks` (`make check`): at session start each pytest worker forks a zygote, a
+  clean copy of itself that never runs a test. For each notebook the zygote imports what the
+  notebook imports (torch, torch's compiler stack, the helpers, matplotlib, the frameworks), then
+  forks a child that runs the notebook's code cells in order in an in-process IPython kernel
+  (`ipykernel.inprocess`: code sees a kernel, as in Jupyter), in the notebook's folder, with a
+  fresh interpreter's warning filters. Each import is paid once per worker, not once per notebook
+  (a fresh kernel costs about 7 CPU-s); nothing a notebook sets (seeds, warning filters, torch
+  flags) reaches a test or the next notebook, and no test's state reaches a notebook. One test per
+  notebook; a failure names the cell and shows its traceback and output. One difference from
+  nbval: a warning raised while a module is first imported is not seen here (the zygote imported
+  it quietly); `make test`'s nbval run sees it.
 """
 
 from __future__ import annotations
