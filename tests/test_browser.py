@@ -356,7 +356,8 @@ def _lesson(runs: dict[str, LessonRun], path: Path) -> LessonRun:
 def _halves(paths: list[Path]) -> list[object]:
     """The lessons as parameters, even and odd ones in two `xdist_group`s. Under `--dist loadgroup`
     each group could get its own worker and JupyterLab; `make test` runs `--dist loadfile` (one
-    worker), since one trial with loadgroup put both groups on one worker and gained nothing."""
+    worker): one trial with loadgroup put both groups on one worker and gained nothing, and a second
+    (2026-12-04) did not keep the groups together at all, so lessons ran on both workers."""
     return [pytest.param(p, marks=pytest.mark.xdist_group(f"browser-{int(p.name[:2]) % 2}"), id=p.stem[:2])
             for p in paths]
 
