@@ -16,6 +16,7 @@ costs about 13 s once, and saves seconds in every process after it: where PYTHON
 set (as on the CI machine) Python never writes the .pyc it compiles on import, so every kernel, test
 worker and torchrun worker compiled torch, sympy and matplotlib from source again (importing
 torch._dynamo took 4.7 CPU-s instead of 2.4; `make check` used 209 CPU-s instead of 173).
+INSTALL_BYTECODE=0 skips it (the Colab simulation's stand-in for Colab's own packages does).
 """
 
 from __future__ import annotations
@@ -72,15 +73,17 @@ def main(argv: list[str]) -> int:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     python, spec = argv[0], argv[1:]
+    bytecode = os.environ.get("INSTALL_BYTECODE", "1") != "0"
     if os.environ.get("INSTALLER", "uv") == "uv":
         uv = _uv(python)
         if uv is not None:
-            cmd = [uv, "pip", "install", "-q", "--compile-bytecode", "--python", python,
+            compile_ = ["--compile-bytecode"] if bytecode else []
+            cmd = [uv, "pip", "install", "-q", *compile_, "--python", python,
                    "--index-strategy", "unsafe-best-match", *pip_sources(python), *spec]
             if subprocess.run(cmd, check=False).returncode == 0:
                 return 0
             print("install: uv failed; installing with pip instead", file=sys.stderr)
-    pip = [python, "-m", "pip", "install", "-q", *spec]
+    pip = [python, "-m", "pip", "install", "-q", *([] if bytecode else ["--no-compile"]), *spec]
     return subprocess.run(pip, check=False).returncode
 
 
