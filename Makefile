@@ -64,7 +64,7 @@ check: lint  ## everyday (target 90 s on 2 cores): ruff, unit tests without work
 	$(TINY) LESSONS_STRICT=1 $(PYTEST) -p no:nbval $(XDIST_CHECK) --forked-notebooks -m '$(UNIT)' notebooks/ tests
 
 test: lint  ## everything, as CI runs it: unit + distributed tests, notebooks at CPU scale, browser, Colab, widgets
-	LESSONS_STRICT=1 $(PYTEST) $(XDIST) $(NBVAL) tests notebooks/
+	LESSONS_STRICT=1 $(PYTEST) $(XDIST) --no-loadscope-reorder $(NBVAL) tests notebooks/
 
 lint: setup  ## ruff over the code and the notebooks
 	$(VENV)/bin/ruff check .

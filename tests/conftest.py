@@ -127,6 +127,10 @@ TIERS = ("browser", "slow")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The browser test runs its lessons one after another on one worker: start it first, so that the
+    # other worker shares out everything else around it (`make test` keeps this order, with
+    # --no-loadscope-reorder).
+    items.sort(key=lambda item: "browser" not in item.keywords)
     both = [item.nodeid for item in items if all(tier in item.keywords for tier in TIERS)]
     if both:  # `make test` runs -m browser and -m slow apart: such a test would run twice
         raise pytest.UsageError(f"a test is either browser or slow, not both: {both[:3]}")

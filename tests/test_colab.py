@@ -97,7 +97,11 @@ def _execute_lesson(python: Path, workdir: Path, tmp: Path) -> list[str]:
             if o.get("output_type") == "stream" and o.get("name") == "stderr"]
 
 
-def test_colab_install_keeps_colabs_packages_and_lesson_01_runs(tmp_path: Path) -> None:
+def test_colab_install_keeps_colabs_packages_and_lesson_01_runs(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # A learner's Colab runtime is not strict: its ipywidgets 7.7 warns through traitlets on every
+    # slider. `make test` sets LESSONS_STRICT=1 for its whole session; the Colab kernel does not get it.
+    monkeypatch.delenv("LESSONS_STRICT", raising=False)
     if not _index_reachable(tmp_path):
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("CI=true but pip cannot reach a package index to build the Colab-like venv")
