@@ -50,16 +50,15 @@ lab: setup  ## open JupyterLab on the lessons
 # The two tiers. Every test is in exactly one of: the unit tier (-m "$(UNIT)"), `distributed`,
 # `browser` or `slow` (tests/conftest.py refuses a test marked both browser and slow); `check` runs
 # the unit tier, `test` runs all four. `distributed` tests start worker processes (torchrun, gloo
-# pools), which `check` leaves to `test` (DESIGN.md): `test`'s first session takes them beside the
-# unit tests (-m "$(UNIT_AND_WORKERS)"). Each tier runs its unit tests and its notebooks in one
-# pytest session, so the two workers share out the work. The unit tests' worker pools fork
-# (tests/conftest.py). `check` runs each notebook in a fork of a clean copy of its pytest worker,
-# in an in-process kernel (--forked-notebooks, conftest.py): about 7 CPU-s less per notebook than a
-# fresh Jupyter kernel; `test` runs them under nbval, each in its own kernel. The last session of `test` runs the browser test (one JupyterLab, one xdist
-# worker) beside the slow tests (the Colab simulation, the widgets' hang guards, the presets'
-# full-profile grid) on the other.
+# pools), which `check` leaves to `test` (DESIGN.md). Each tier is one pytest session, so the two
+# workers share out the work to the end. The unit tests' worker pools fork (tests/conftest.py).
+# `check` runs each notebook in a fork of a clean copy of its pytest worker, in an in-process
+# kernel (--forked-notebooks, conftest.py): about 7 CPU-s less per notebook than a fresh Jupyter
+# kernel. `test` runs them under nbval, each in its own kernel, and starts the browser test first
+# (its lessons run one after another in one JupyterLab, on one worker; tests/conftest.py orders it
+# first and --no-loadscope-reorder keeps that order), so that the other worker shares out the rest
+# around it.
 UNIT    := not browser and not slow and not distributed
-UNIT_AND_WORKERS := not browser and not slow
 check: lint  ## everyday (target 90 s on 2 cores): ruff, unit tests without worker processes, every notebook at tiny
 	$(TINY) LESSONS_STRICT=1 $(PYTEST) -p no:nbval $(XDIST_CHECK) --forked-notebooks -m '$(UNIT)' notebooks/ tests
 
