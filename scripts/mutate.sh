@@ -20,7 +20,7 @@ JOBS=${MUTATE_JOBS:-$(nproc)}
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mutate.XXXXXX")
 export MUTATE_PY=$PY OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MPLBACKEND=Agg PYTHONDONTWRITEBYTECODE=1
-export LESSONS_POOL_START=fork  # lesson 07's worker pool: fork the imported torch, do not spawn anew
+export LESSONS_POOL_START=fork  # lesson 07's worker pools and torchrun workers: fork the imported torch
 cleanup() {
     for sock in "$WORK"/job-*/.server.sock; do
         [ -S "$sock" ] && "$PY" "$WORK/src/scripts/mutmut_server.py" stop "$sock" 2>/dev/null || true
