@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import importlib.util
 import io
 import json
 import multiprocessing
@@ -243,25 +242,13 @@ def run_forked(path: Path, cells: list[str], timeout_s: float) -> dict:
     return json.loads(data)
 
 
-def _python_default_warning_filters() -> None:
-    """The filters a fresh Python process (a kernel) starts with, in place of pytest's."""
-    warnings.resetwarnings()
-    for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):
-        warnings.filterwarnings("ignore", category=category)
-    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
-    # pytest records warnings while a test runs; print them to stderr again, as Python does.
-    spec = importlib.util.find_spec("warnings")
-    fresh = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(fresh)  # type: ignore[union-attr]
-    warnings.showwarning = warnings._showwarning_orig  # type: ignore[attr-defined]
-    warnings._showwarnmsg_impl = fresh._showwarnmsg_impl  # type: ignore[attr-defined]
-
-
 def _run_cells(path: Path, cells: list[str]) -> dict:
     """In the child: a kernel's surroundings, then each cell, stopping at the first that fails."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    _python_default_warning_filters()
+    from helpers.processes import _fresh_warning_filters
+
+    _fresh_warning_filters()
     sys.argv = ["ipykernel_launcher"]
     os.chdir(path.parent)  # nbval's kernels start in the notebook's folder too
     from ipykernel.inprocess.ipkernel import InProcessKernel

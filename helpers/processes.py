@@ -15,12 +15,14 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -62,6 +64,20 @@ def _watch_parent(parent_pid: int, cleanup: str | None = None) -> None:
             time.sleep(0.5)
 
     threading.Thread(target=watch, daemon=True, name="watch-parent").start()
+
+
+def _fresh_warning_filters() -> None:
+    """In a forked child: the warning filters a fresh interpreter starts with, and warnings printed to
+    stderr, in place of what the parent set (a notebook's strict "error", pytest's recorder)."""
+    warnings.resetwarnings()
+    for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+    spec = importlib.util.find_spec("warnings")  # a fresh copy of the module holds the original printer
+    fresh = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(fresh)  # type: ignore[union-attr]
+    warnings.showwarning = warnings._showwarning_orig  # type: ignore[attr-defined]
+    warnings._showwarnmsg_impl = fresh._showwarnmsg_impl  # type: ignore[attr-defined]
 
 
 def _redirect_output(log_path: str) -> None:

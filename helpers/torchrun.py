@@ -31,13 +31,21 @@ import sys
 import tempfile
 import time
 import traceback
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from helpers.processes import POOL_START_ENV, WorkerError, _kill, _tail, _watch_parent, pick_backend
+from helpers.processes import (
+    POOL_START_ENV,
+    WorkerError,
+    _fresh_warning_filters,
+    _kill,
+    _redirect_output,
+    _tail,
+    _watch_parent,
+    pick_backend,
+)
 from helpers.validate import positive_int, positive_number
 
 __all__ = ["RESULTS_ENV", "free_port", "run_main", "run_torchrun", "save_result"]
@@ -222,12 +230,8 @@ def _forked_rank(script: Path, script_args: tuple, env: dict, log: io.TextIOBase
     try:
         os.environ.clear()
         os.environ.update(env)
-        warnings.resetwarnings()  # a fresh interpreter's filters, not the notebook's (strict: errors)
-        for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):
-            warnings.filterwarnings("ignore", category=category)
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        sys.stdout = sys.stderr = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=True)  # noqa: SIM115
+        _fresh_warning_filters()  # a fresh interpreter's, not the notebook's (strict: errors)
+        _redirect_output(log.name)
         sys.argv = [str(script), *map(str, script_args)]
         sys.path.insert(0, str(script.parent))  # as `python script.py` does
         runpy.run_path(str(script), run_name="__main__")
