@@ -119,10 +119,10 @@ def pool4() -> Iterator[object]:
         yield p
 
 
-# The Makefile's tiers: unit (none of these markers), `distributed` (worker processes: `make test`'s
-# first session runs it beside the unit tests, `make check` leaves it out), `browser` and `slow`
-# (`make test`'s last session, -m 'browser or slow'). A distributed test may also be browser or slow
-# (it then runs in that session only); a browser test may not be slow.
+# The Makefile's tiers: unit (none of these markers), `distributed` (worker processes: `make test`
+# runs it, `make check` leaves it out), `browser` and `slow` (`make test` only; `make browser` and
+# `make colab` run parts alone). A distributed test may also be browser or slow; a browser test may
+# not be slow (each tier is one test's home, so that `-m browser` and `-m slow` never overlap).
 TIERS = ("browser", "slow")
 
 
@@ -132,7 +132,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # --no-loadscope-reorder).
     items.sort(key=lambda item: "browser" not in item.keywords)
     both = [item.nodeid for item in items if all(tier in item.keywords for tier in TIERS)]
-    if both:  # `make test` runs -m browser and -m slow apart: such a test would run twice
+    if both:  # a test has one tier: `-m browser` and `-m slow` must not both select it
         raise pytest.UsageError(f"a test is either browser or slow, not both: {both[:3]}")
     unmarked = [item.nodeid for item in items if "distributed" not in item.keywords
                 and {"pool", "pool4"} & set(getattr(item, "fixturenames", ()))]
