@@ -20,6 +20,12 @@ JOBS    ?= 2
 XDIST   := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 XDIST_CHECK := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist worksteal)
 HEADLESS := MPLBACKEND=Agg OMP_NUM_THREADS=1
+# Python may write bytecode for this repository's own modules (helpers/, tests/, scripts/): where
+# PYTHONDONTWRITEBYTECODE is set (the CI machine sets it) every test worker, kernel and torchrun
+# worker compiled helpers/ again, and pytest rewrote every test module's asserts again in each
+# worker (collecting the tests took 13 s of CPU per process instead of 7). The caches are
+# __pycache__/ folders, which git ignores; the installed packages are byte-compiled at install.
+unexport PYTHONDONTWRITEBYTECODE
 PYTEST  := $(HEADLESS) $(VENV)/bin/pytest -q -p no:cacheprovider
 # Lesson 07's worker pools and torchrun workers fork the imported torch in the tiny notebooks, as in
 # the unit tests (seconds saved per worker); learners, and the notebooks at the CPU scale, get
