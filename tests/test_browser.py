@@ -1,7 +1,8 @@
 """Every lesson in a real browser: JupyterLab + headless Chromium, driven by Playwright.
 
-For each notebook in notebooks/ (run against copies in a temporary folder, so that
-autosave never touches the repository): a fresh kernel, Run All from the Run menu, no
+JupyterLab loads once, in one page; each notebook in notebooks/ (copies in a temporary folder,
+so that autosave never touches the repository) is opened from the file browser and gets a fresh
+kernel, Run All from the Run menu, and is closed with its changes discarded. Checked: no
 error output, a micro-batch size (B) and an accumulation steps (K) control, and every
 slider moved with the keyboard redraws its widget's output. The lessons run at the `tiny` scale
 (LESSONS_SCALE overrides): this test checks the frontend; nbval checks the claims at the CPU
@@ -229,13 +230,53 @@ def _wait_idle(page: object, timeout_s: float) -> None:
         }""", arg=PANEL, timeout=timeout_s * 1000, polling=250)
 
 
-def _run_lesson(browser: object, lab: Lab, name: str) -> LessonRun:
+class LabPage:
+    """One JupyterLab page for the lessons, as a learner keeps one tab open: the app loads once (about
+    3.5 s a load), each lesson is opened from the file browser, and closed with its changes discarded
+    before the next. A lesson that broke off takes the page with it: the next one loads a fresh page."""
+
+    def __init__(self, browser: object, lab: Lab) -> None:
+        self.browser, self.lab = browser, lab
+        self.page: object | None = None
+
+    def open(self, name: str) -> object:
+        """The page with the notebook `name` opening in it (its first cell may not be there yet)."""
+        if self.page is None:
+            self.page = self.browser.new_page(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
+            self.page.goto(  # type: ignore[attr-defined]
+                f"{self.lab.base}/lab/workspaces/{uuid.uuid4().hex[:12]}/tree/{name}?reset&token={self.lab.token}")
+        else:
+            item = self.page.locator(".jp-DirListing-item", has_text=name)  # type: ignore[attr-defined]
+            item.first.dblclick(timeout=30_000)
+        return self.page
+
+    def close_lesson(self) -> None:
+        """Close the open notebook's tab and discard its changes, as the "Save your work" dialog offers."""
+        page = self.page
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabCloseIcon").click()  # type: ignore[attr-defined]
+        page.wait_for_function(  # type: ignore[attr-defined]
+            "panel => document.querySelector('.jp-Dialog') || !document.querySelector(panel)",
+            arg=PANEL, timeout=30_000)
+        discard = page.locator(".jp-Dialog .jp-Dialog-button", has_text="Discard")  # type: ignore[attr-defined]
+        if discard.count():
+            discard.first.click()
+        page.locator(PANEL).wait_for(state="detached", timeout=30_000)  # type: ignore[attr-defined]
+
+    def drop(self) -> None:
+        """Close the page (after a failure): the next lesson loads a fresh one."""
+        if self.page is not None:
+            with contextlib.suppress(Exception):
+                self.page.close()  # type: ignore[attr-defined]
+        self.page = None
+
+
+def _run_lesson(pages: LabPage, lab: Lab, name: str) -> LessonRun:
     run = LessonRun(name)
     start = time.perf_counter()
     lab.delete_sessions()  # a fresh kernel: no session of an earlier lesson is reused
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
+    page = None
     try:
-        page.goto(f"{lab.base}/lab/workspaces/{uuid.uuid4().hex[:12]}/tree/{name}?reset&token={lab.token}")
+        page = pages.open(name)
         panel = page.locator(PANEL)
         panel.locator(".jp-Cell").first.wait_for(timeout=120_000)
         lab.wait_for_kernel(name, timeout_s=180)  # the indicator says idle before a kernel exists
@@ -280,13 +321,14 @@ def _run_lesson(browser: object, lab: Lab, name: str) -> LessonRun:
         shot = SHOTS / f"{Path(name).stem}.png"
         page.screenshot(path=str(shot))
         run.screenshot = str(shot)
+        pages.close_lesson()
     except Exception as exc:  # noqa: BLE001 - every check reports it
         run.failure = f"{type(exc).__name__}: {exc}"[:3000]
         SHOTS.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(Exception):
-            page.screenshot(path=str(SHOTS / f"{Path(name).stem}-failed.png"))
+            page.screenshot(path=str(SHOTS / f"{Path(name).stem}-failed.png"))  # type: ignore[union-attr]
+        pages.drop()
     finally:
-        page.close()
         lab.delete_sessions()  # stop this lesson's kernel before the next one starts
         run.seconds = time.perf_counter() - start
     return run
@@ -324,13 +366,16 @@ def _move_slider(page: object, slider: object) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(browser: object, lab: Lab, request: pytest.FixtureRequest) -> Iterator[dict[str, LessonRun]]:
+    pages = LabPage(browser, lab)
+
     class Runs(dict):
         def __missing__(self, name: str) -> LessonRun:
-            self[name] = _run_lesson(browser, lab, name)
+            self[name] = _run_lesson(pages, lab, name)
             return self[name]
 
     cache = Runs()
     yield cache
+    pages.drop()
     total = sum(r.seconds for r in cache.values())
     SHOTS.mkdir(parents=True, exist_ok=True)
     summary = {"total_seconds": round(total, 1),
