@@ -133,3 +133,4 @@ gpu:  ## on a CUDA machine: cuda tests, every notebook at the largest scale, 24/
 
 clean:
 	rm -rf $(VENV) $(MATRIX) bench.json .pytest_cache .ruff_cache
+	find . -name __pycache__ -not -path "./.*" -prune -exec rm -rf {} +
