@@ -270,8 +270,8 @@ class LabPage:
         self.page = None
 
 
-def _run_lesson(pages: LabPage, lab: Lab, name: str) -> LessonRun:
-    run = LessonRun(name)
+def _run_lesson(pages: LabPage, name: str) -> LessonRun:
+    lab, run = pages.lab, LessonRun(name)
     start = time.perf_counter()
     lab.delete_sessions()  # a fresh kernel: no session of an earlier lesson is reused
     page = None
@@ -370,7 +370,7 @@ def runs(browser: object, lab: Lab, request: pytest.FixtureRequest) -> Iterator[
 
     class Runs(dict):
         def __missing__(self, name: str) -> LessonRun:
-            self[name] = _run_lesson(pages, lab, name)
+            self[name] = _run_lesson(pages, name)
             return self[name]
 
     cache = Runs()
