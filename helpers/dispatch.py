@@ -19,6 +19,8 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers.meta_pointwise import fast_pointwise
+
 __all__ = ["OpObserver", "tensors_in"]
 
 
@@ -51,6 +53,9 @@ class OpObserver(TorchDispatchMode):
 
     Use a subclass as a context manager; every aten op run inside it (forward, backward,
     optimizer step) is run unchanged and then passed to `observe(func, args, kwargs, out)`.
+    On the meta device, plain pointwise ops get their (empty) result from
+    `helpers.meta_pointwise.fast_pointwise`: the same tensor as the op's own meta kernel, in
+    a few microseconds instead of about 200.
     `self.window` holds the op's (start, end) in `time.time_ns()`.
     """
 
@@ -59,7 +64,9 @@ class OpObserver(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
         t0 = time.time_ns()
-        out = func(*args, **kwargs)
+        out = fast_pointwise(func, args, kwargs)  # None unless a plain pointwise op on meta
+        if out is None:
+            out = func(*args, **kwargs)
         self.window = (t0, time.time_ns())
         self.observe(func, args, kwargs, out)
         return out
