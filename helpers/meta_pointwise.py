@@ -7,12 +7,14 @@ result for the plain cases in a few microseconds, following the fast path of PyT
 `FakeTensor` (`torch._subclasses.fake_impls.make_fast_binary_impl`, after `TensorIterator`):
 
 - every tensor operand is on the meta device, or is a 0-dim CPU tensor (a scalar);
-- one operand has the result's whole shape (the broadcast of all of them);
-- every tensor operand is contiguous, so the result is contiguous;
-- the floating-point dtypes promote as `torch.result_type` says.
+- the floating-point dtypes promote as `torch.result_type` says;
+- the layout follows the first operand with dims (the lead): contiguous where it is (a lead
+  that broadcasts only if every operand is contiguous and one has the result's whole shape);
+  otherwise dense in the order of its strides, where it has the whole shape and those strides
+  leave no ties.
 
-Anything else (an integer or bool tensor, a broadcast on both sides, a strided operand, an
-unexpected argument) returns None, and the caller runs the op itself. The result is an
+Anything else (an integer or bool tensor, a broadcast on both sides, a lead with tied or zero
+strides, an unexpected argument) returns None, and the caller runs the op itself. The result is an
 empty meta tensor: shape, dtype, strides and size are what the op's own meta kernel gives
 (`tests/test_meta_pointwise.py` compares them), so a profile is the same either way.
 """
@@ -24,11 +26,10 @@ import torch
 __all__ = ["fast_pointwise"]
 
 _aten = torch.ops.aten
-# op -> number of leading operands (tensors or Python numbers); any further argument must be
-# `alpha` (add/sub), which changes values, not the result's shape or dtype.
-_BINARY = {_aten.add.Tensor: 2, _aten.sub.Tensor: 2, _aten.mul.Tensor: 2, _aten.div.Tensor: 2,
-           _aten.mul.Scalar: 2, _aten.div.Scalar: 2, _aten.add.Scalar: 2, _aten.sub.Scalar: 2,
-           _aten.pow.Tensor_Scalar: 2}
+# Two operands (tensors or Python numbers); the only keyword allowed is `alpha` (add/sub), which
+# changes values, not the result's shape or dtype.
+_BINARY = {_aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.div.Tensor, _aten.mul.Scalar,
+           _aten.div.Scalar, _aten.add.Scalar, _aten.sub.Scalar, _aten.pow.Tensor_Scalar}
 _UNARY = {_aten.neg.default, _aten.rsqrt.default, _aten.exp.default, _aten.sqrt.default,
           _aten.silu.default, _aten.sigmoid.default, _aten.tanh.default, _aten.reciprocal.default}
 _META = torch.device("meta")
@@ -62,7 +63,9 @@ def _strides_following(lead: torch.Tensor) -> tuple[int, ...] | None:
     keys = [strides[i] for i in dims]
     if 0 in keys or len(set(keys)) != len(keys):
         return None
-    out = list(torch.empty(sizes, device=_META).stride())
+    out = [1] * len(sizes)
+    for i in range(len(sizes) - 2, -1, -1):  # a contiguous tensor's strides, for the dims of size 1
+        out[i] = out[i + 1] * max(sizes[i + 1], 1)
     step = 1
     for i in sorted(dims, key=strides.__getitem__):
         out[i] = step
@@ -103,7 +106,7 @@ def fast_pointwise(func: object, args: tuple, kwargs: dict) -> torch.Tensor | No
                 return None
         elif unary or not isinstance(a, float | int) or isinstance(a, bool):
             return None
-    if shape is None or all(not isinstance(a, torch.Tensor) or a.device != _META for a in args):
+    if all(not isinstance(a, torch.Tensor) or a.device != _META for a in args):
         return None
     dtype = args[0].dtype if unary else torch.result_type(*args)
     if lead is None or lead.is_contiguous():
