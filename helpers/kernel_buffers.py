@@ -10,9 +10,12 @@ them (`helpers.allocator`); on the meta device there is no allocator, so
   kernels' source for a CPU target and assumed for a CUDA one (its docstring says how).
 - **Other CPU kernels that allocate inside** (convolutions, whose oneDNN kernels reorder
   their operands into blocked layouts; 16-bit matrix products, whose oneDNN kernels keep
-  scratch buffers; the CPU flash-attention forward): for a CPU target each distinct call
+  scratch buffers; the CPU flash-attention forward; 16-bit reductions and normalisations,
+  such as `mean`, which sums an fp32 copy of its input; pointwise ops whose operands differ
+  in dtype, whose CPU kernels copy the others to the common dtype): for a CPU target each distinct call
   (op, shapes, strides, dtypes, arguments) is run once on the real CPU with tensors of
-  those shapes, and the allocator's record of that run gives its own bytes (`cpu_inside_bytes`).
+  those shapes and the same thread count, and the allocator's record of that run gives its
+  own bytes (`cpu_inside_bytes`).
   Calls above `CPU_CHECK_BYTES` of operands are not run: they get an allowance of one
   fp32 copy of every operand, an upper bound we have not checked against a kernel.
 - **Python numbers**: `x.mul_(0.9)` runs the op that takes a Tensor, so torch wraps 0.9
@@ -21,7 +24,8 @@ them (`helpers.allocator`); on the meta device there is no allocator, so
 
 `rng_states_counted()` makes a CPU-target profile count the CPU random-number state that
 `torch.utils.checkpoint` saves for each checkpointed region (`torch.get_rng_state()`, 5 KB,
-made outside any op). A CUDA target keeps those on the CPU, so they are not GPU memory.
+made outside any op), and the copy its recompute holds inside `fork_rng`. A CUDA target
+keeps those on the CPU, so they are not GPU memory.
 What a CUDA kernel allocates beyond attention (cuBLAS/cuDNN workspaces) is not modelled:
 that is what `helpers.plan`'s CUDA margin is for.
 """
@@ -50,6 +54,17 @@ _ATTENTION_BACKWARD = {
 _CONVOLUTIONS = frozenset({"convolution", "convolution_backward", "_convolution"})
 _MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv"})
 _HALF = (torch.float16, torch.bfloat16)
+# reductions and normalisations whose CPU kernels may work on an fp32 copy of a 16-bit input
+# (torch 2.13: `mean` sums an fp32 copy, `_fused_rms_norm` and `_safe_softmax` keep fp32 buffers)
+_HALF_IN_FP32 = frozenset({
+    "mean", "sum", "nansum", "prod", "cumsum", "var", "std", "var_mean", "std_mean", "linalg_vector_norm",
+    "norm", "_softmax", "_log_softmax", "_safe_softmax", "_softmax_backward_data",
+    "_log_softmax_backward_data", "native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
+    "_fused_rms_norm_backward", "native_batch_norm", "native_batch_norm_backward",
+    "_native_batch_norm_legit", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional",
+    "native_group_norm", "native_group_norm_backward", "nll_loss_forward", "nll_loss_backward",
+    "nll_loss2d_forward", "nll_loss2d_backward", "mse_loss", "mse_loss_backward",
+})
 
 
 def _round_up(n: int, to: int) -> int:
@@ -128,11 +143,13 @@ def _real(value: object) -> object:
     return value
 
 
-_MEASURED: dict[tuple, int] = {}  # (op, operand description) -> bytes; operands themselves are not kept
+# (op, operand description, CPU threads) -> bytes; operands themselves are not kept. oneDNN's
+# buffers are per thread, so a figure measured with one thread count is not reused for another.
+_MEASURED: dict[tuple, int] = {}
 
 
 def _measured(func: object, args: tuple, kwargs: dict) -> int:
-    key = (func, _spec(args), _spec(sorted(kwargs.items(), key=lambda kv: kv[0])))
+    key = (func, _spec(args), _spec(sorted(kwargs.items(), key=lambda kv: kv[0])), torch.get_num_threads())
     if key in _MEASURED:
         return _MEASURED[key]
     real_args, real_kwargs = _real(args), {k: _real(v) for k, v in kwargs.items()}
@@ -202,10 +219,19 @@ def _wrapped_numbers(func: object, args: tuple, kwargs: dict) -> int:
                if isinstance(given.get(a.name), int | float | complex) and str(a.type) == "Tensor")
 
 
-def _needs_cpu_run(name: str, args: tuple) -> bool:
+def _needs_cpu_run(func: object, name: str, args: tuple) -> bool:
+    """Whether this call's CPU kernel may allocate inside itself, so that it is run once to measure."""
     if name in _CONVOLUTIONS or name == "_scaled_dot_product_flash_attention_for_cpu":
         return True
-    return name in _MATMULS and any(t.dtype in _HALF for t in tensors_in(args))
+    tensors = tensors_in(args)
+    floats = [t for t in tensors if t.is_floating_point()]
+    half = any(t.dtype in _HALF for t in floats)
+    if name in _MATMULS or name in _HALF_IN_FP32:
+        return half
+    schema = getattr(func, "_schema", None)
+    if schema is None or schema.is_mutable or any(t.device.type != "meta" for t in tensors):
+        return False  # run only on fresh copies: never repeat an in-place op on real tensors
+    return len({t.dtype for t in floats if t.dim() > 0}) > 1
 
 
 def kernel_buffers(target: str, found: dict[str, int]) -> KernelBuffers:
@@ -227,7 +253,7 @@ def kernel_buffers(target: str, found: dict[str, int]) -> KernelBuffers:
             return n
         if target != "cpu":
             return 0
-        inside = cpu_inside_bytes(func, args, kwargs) if _needs_cpu_run(name, args) else 0
+        inside = cpu_inside_bytes(func, args, kwargs) if _needs_cpu_run(func, name, args) else 0
         numbers = _wrapped_numbers(func, args, kwargs)
         if numbers and any(t.requires_grad for t in tensors_in(args)):
             # autograd may save a wrapped number for backward: held until the micro-step's backward ends
@@ -239,22 +265,37 @@ def kernel_buffers(target: str, found: dict[str, int]) -> KernelBuffers:
 
 @contextlib.contextmanager
 def rng_states_counted() -> Iterator[None]:
-    """While inside, each `torch.get_rng_state()` result is counted by the active trackers as "other".
+    """While inside, each CPU random-number state made for a checkpoint is counted as "other".
 
-    `torch.utils.checkpoint` saves the CPU generator's state for every checkpointed region
-    and keeps it until the region is recomputed; it is made outside any op, so a tracker on
-    the meta device would not see it. Its lifetime is tracked like any storage's.
+    `torch.utils.checkpoint` saves the CPU generator's state (`torch.get_rng_state()`, 5 KB)
+    for every checkpointed region and keeps it until the region is recomputed, and the
+    recompute runs inside `torch.random.fork_rng`, which holds one more copy until it ends.
+    Both are made outside any op, so a tracker on the meta device would not see them; and
+    on meta, newer torch's `fork_rng` forks nothing, where a CPU target's holds the CPU
+    state. While inside, every `torch.get_rng_state()` result is watched by the active
+    trackers, and a `fork_rng` that made none holds one for its duration.
     """
-    original = torch.get_rng_state
+    original, original_fork = torch.get_rng_state, torch.random.fork_rng
+    made = [0]
 
     def get_rng_state() -> torch.Tensor:
         state = original()
+        made[0] += 1
         for tracker in _ACTIVE:
             tracker.watch(state, "other")
         return state
 
-    torch.get_rng_state = get_rng_state
+    @contextlib.contextmanager
+    def fork_rng(*args: object, **kwargs: object) -> Iterator[None]:
+        enabled = kwargs.get("enabled", args[1] if len(args) > 1 else True)
+        before = made[0]
+        with original_fork(*args, **kwargs):  # type: ignore[arg-type]
+            held = get_rng_state() if enabled and made[0] == before else None
+            yield
+        del held
+
+    torch.get_rng_state, torch.random.fork_rng = get_rng_state, fork_rng
     try:
         yield
     finally:
-        torch.get_rng_state = original
+        torch.get_rng_state, torch.random.fork_rng = original, original_fork

@@ -348,6 +348,7 @@ class Profiler:
         with modes:
             if rule is not None:
                 modes.enter_context(rule)
+                modes.enter_context(rule.recomputes())
             if kernels is not None:
                 modes.enter_context(kernels)
             if self.meta:

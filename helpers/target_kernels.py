@@ -267,7 +267,11 @@ class _AutocastRule(TorchFunctionMode):
             to, src = torch.float32, (torch.float16, torch.bfloat16)
         else:
             return func(*args, **kwargs)
-        return func(*self._cast(args, to, src), **{k: self._cast(v, to, src) for k, v in kwargs.items()})
+        # last argument first, as autocast's C++ wrappers cast them (GCC evaluates call arguments right
+        # to left): the order of the casts is the order in which backward runs their gradients
+        cast_kwargs = {k: self._cast(v, to, src) for k, v in reversed(kwargs.items())}
+        cast_args = [self._cast(v, to, src) for v in reversed(args)][::-1]
+        return func(*cast_args, **dict(reversed(cast_kwargs.items())))
 
     @contextlib.contextmanager
     def forward(self) -> Iterator[None]:
@@ -278,3 +282,25 @@ class _AutocastRule(TorchFunctionMode):
         finally:
             self.caching = False
             self.cache.clear()
+
+    @contextlib.contextmanager
+    def recomputes(self) -> Iterator[None]:
+        """While inside, each checkpoint recompute keeps its casts of weights until it ends.
+
+        A recompute runs under the autocast state of its forward, and real autocast caches
+        there too: a cast copy that no op saves (a bias's) lives until the recompute ends,
+        not only until its op. Checkpoint runs every recompute inside
+        `torch.random.fork_rng`, so that is where the cache is switched on.
+        """
+        original = torch.random.fork_rng
+
+        @contextlib.contextmanager
+        def fork_rng(*args: object, **kwargs: object) -> Iterator[None]:
+            with original(*args, **kwargs), self.forward():  # type: ignore[arg-type]
+                yield
+
+        torch.random.fork_rng = fork_rng
+        try:
+            yield
+        finally:
+            torch.random.fork_rng = original

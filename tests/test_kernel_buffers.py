@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.kernel_buffers import attention_backward_buffer_bytes, kernel_buffers
+from helpers.kernel_buffers import attention_backward_buffer_bytes, kernel_buffers, rng_states_counted
 from helpers.memory import MemoryTracker, tracked_run
 
 SHAPES = [(1, 2, 64, 16), (2, 4, 130, 32), (1, 3, 300, 24), (1, 2, 800, 40), (2, 1, 1100, 64)]
@@ -89,3 +89,46 @@ def test_python_numbers_autograd_may_keep_are_held_until_backward_ends() -> None
         dropped = tracker.current_bytes
     del y
     assert held - dropped == 8
+
+
+# 16-bit reductions and normalisations, and mixed-dtype pointwise ops, allocate inside their CPU kernels
+_INSIDE_CASES = {
+    "bf16 mean": (lambda x, f: x.mean(dim=(2, 3)), (8, 12, 6, 6)),
+    "bf16 sum to fp32": (lambda x, f: x.sum(dim=1, dtype=torch.float32), (16, 96)),
+    "bf16 rms_norm": (lambda x, f: F.rms_norm(x, (96,)), (16, 96)),
+    "fp32 plus bf16": (lambda x, f: f + x, (16, 96)),
+    "bf16 layer_norm": (lambda x, f: F.layer_norm(x, (96,)), (16, 96)),
+}
+
+
+def _peak_over_inputs(fn: object, shape: tuple[int, ...], device: str) -> int:
+    """The peak bytes of `fn(x, f)` beyond its inputs: on the CPU from the allocator's record, on meta
+    from the tracker with the CPU target's kernel buffers."""
+    with torch.device(device):
+        x, f = torch.randn(shape, dtype=torch.bfloat16), torch.randn(shape)
+    callback = kernel_buffers("cpu", {}) if device == "meta" else None
+    tracker = MemoryTracker(device=device, kernel_buffers=callback)
+    timeline = tracked_run(lambda: fn(x, f), tracker)()
+    return max(timeline.total)
+
+
+@pytest.mark.parametrize("case", list(_INSIDE_CASES))
+def test_kernels_that_compute_in_fp32_are_counted_on_meta(case: str) -> None:
+    fn, shape = _INSIDE_CASES[case]
+    cpu, meta = _peak_over_inputs(fn, shape, "cpu"), _peak_over_inputs(fn, shape, "meta")
+    assert 0 <= meta - cpu <= 64, (case, meta, cpu)  # never below the allocator's record, and within bytes
+
+
+def test_a_recompute_holds_a_copy_of_the_cpu_random_state() -> None:
+    """On meta, newer torch's fork_rng forks nothing; a CPU target's holds the CPU state through the
+    recompute (5 KB), and the meta profile counts it there and only there."""
+    size = torch.get_rng_state().untyped_storage().nbytes()
+    tracker = MemoryTracker(device="meta")
+    with rng_states_counted(), tracker:
+        before = tracker.current_bytes
+        with torch.random.fork_rng(device_type="meta"):
+            inside = tracker.current_bytes
+        after = tracker.current_bytes
+        with torch.random.fork_rng(device_type="meta", enabled=False):
+            disabled = tracker.current_bytes
+    assert (inside - before, after - before, disabled - before) == (size, 0, 0)
