@@ -209,29 +209,49 @@ def _half_cpu_flash_backward(func: object, args: tuple, kwargs: dict, bound: int
     return max(base, _measured(func, args, kwargs)) + (t - 1) * block * item
 
 
+_OPS: dict[object, tuple[str, bool, tuple[tuple[int, str], ...]]] = {}
+
+
+def _op(func: object) -> tuple[str, bool, tuple[tuple[int, str], ...]]:
+    """(name, mutates an argument, (position, name) of each argument typed Tensor), read once per op."""
+    op = _OPS.get(func)
+    if op is None:
+        name = getattr(getattr(func, "overloadpacket", None), "__name__", "")
+        schema = getattr(func, "_schema", None)
+        tensor_args = () if schema is None else tuple(
+            (i, a.name) for i, a in enumerate(schema.arguments) if str(a.type) == "Tensor")
+        op = _OPS[func] = (name, schema is None or schema.is_mutable, tensor_args)
+    return op
+
+
 def _wrapped_numbers(func: object, args: tuple, kwargs: dict) -> int:
     """How many Python numbers this call passes where the op takes a Tensor (torch wraps each one)."""
-    schema = getattr(func, "_schema", None)
-    if schema is None:
-        return 0
-    given = {**{a.name: v for a, v in zip(schema.arguments, args, strict=False)}, **kwargs}
-    return sum(1 for a in schema.arguments
-               if isinstance(given.get(a.name), int | float | complex) and str(a.type) == "Tensor")
+    n = 0
+    for i, name in _op(func)[2]:
+        value = args[i] if i < len(args) else kwargs.get(name)
+        n += isinstance(value, int | float | complex)
+    return n
 
 
-def _needs_cpu_run(func: object, name: str, args: tuple) -> bool:
-    """Whether this call's CPU kernel may allocate inside itself, so that it is run once to measure."""
+def _needs_cpu_run(func: object, tensors: list[torch.Tensor]) -> bool:
+    """Whether this call's CPU kernel may allocate inside itself, so that it is run once to measure.
+
+    `tensors` are the call's positional tensor operands.
+    """
+    name, mutable, _ = _op(func)
     if name in _CONVOLUTIONS or name == "_scaled_dot_product_flash_attention_for_cpu":
         return True
-    tensors = tensors_in(args)
-    floats = [t for t in tensors if t.is_floating_point()]
-    half = any(t.dtype in _HALF for t in floats)
     if name in _MATMULS or name in _HALF_IN_FP32:
-        return half
-    schema = getattr(func, "_schema", None)
-    if schema is None or schema.is_mutable or any(t.device.type != "meta" for t in tensors):
+        return any(t.dtype in _HALF for t in tensors)
+    if mutable:
         return False  # run only on fresh copies: never repeat an in-place op on real tensors
-    return len({t.dtype for t in floats if t.dim() > 0}) > 1
+    dtypes = set()
+    for t in tensors:
+        if t.device.type != "meta":
+            return False
+        if t.dim() > 0 and t.is_floating_point():
+            dtypes.add(t.dtype)
+    return len(dtypes) > 1
 
 
 def kernel_buffers(target: str, found: dict[str, int]) -> KernelBuffers:
@@ -243,8 +263,7 @@ def kernel_buffers(target: str, found: dict[str, int]) -> KernelBuffers:
     """
 
     def buffers(func: object, args: tuple, kwargs: dict, out: object) -> int:
-        name = getattr(getattr(func, "overloadpacket", None), "__name__", "")
-        kernel = _ATTENTION_BACKWARD.get(name)
+        kernel = _ATTENTION_BACKWARD.get(_op(func)[0])
         if kernel is not None:
             n = attention_backward_buffer_bytes(kernel, args[0], args[1], args[2])
             if kernel == "cpu flash" and args[1].dtype in _HALF:
@@ -253,9 +272,10 @@ def kernel_buffers(target: str, found: dict[str, int]) -> KernelBuffers:
             return n
         if target != "cpu":
             return 0
-        inside = cpu_inside_bytes(func, args, kwargs) if _needs_cpu_run(func, name, args) else 0
+        tensors = tensors_in(args)
+        inside = cpu_inside_bytes(func, args, kwargs) if _needs_cpu_run(func, tensors) else 0
         numbers = _wrapped_numbers(func, args, kwargs)
-        if numbers and any(t.requires_grad for t in tensors_in(args)):
+        if numbers and any(t.requires_grad for t in tensors):
             # autograd may save a wrapped number for backward: held until the micro-step's backward ends
             return inside + (SCALAR_BYTES - 8) * numbers, 8 * numbers
         return inside + SCALAR_BYTES * numbers
