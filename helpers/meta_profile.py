@@ -61,6 +61,7 @@ from torch import nn
 from helpers.checkpointing import apply_ac, blocks_of
 from helpers.kernel_buffers import attention_backward_buffer_bytes, kernel_buffers, rng_states_counted
 from helpers.memory import MemoryTracker, tracked_run
+from helpers.meta_memo import SHARED as SHARED_MEMO
 from helpers.models import BlockWrapper
 from helpers.planner import MemoryProfile, fit_profile
 from helpers.step_profile import BLOCKS_DONE, StepProfile, _marks_blocks_done, _step_profile
@@ -213,7 +214,8 @@ class Profiler:
     `capability` is the CUDA target's compute capability (e.g. 75 for a T4: no flash attention;
     `GPUS` names the usual cards). `optimizer_impl` is one of `OPTIMIZER_IMPLS`.
     `route_attention=False` leaves attention on the meta device's own (math) path, to
-    show what the routing corrects.
+    show what the routing corrects. `memo=False` runs every op's meta kernel; by default a
+    call seen before is answered from its metadata (`helpers.meta_memo`): the same profile, faster.
     """
 
     build: Callable[[], nn.Module] | nn.Module
@@ -227,6 +229,7 @@ class Profiler:
     trainable: str = "all"
     capability: int = DEFAULT_CAPABILITY
     optimizer_impl: str = "default"
+    memo: bool = True
     model: nn.Module = field(init=False)
     optimizer: torch.optim.Optimizer = field(init=False)
 
@@ -362,6 +365,8 @@ class Profiler:
                 modes.enter_context(rng_states_counted())
             own = kernel_buffers(self.target, buffers) if self.meta else None
             tracker = MemoryTracker(model=self.model, optimizer=self.optimizer, kernel_buffers=own)
+            if self.meta and self.memo:
+                tracker.memo = SHARED_MEMO
             try:
                 timeline_of = tracked_run(lambda: self._update(batches, checkpoint, tracker, rule), tracker)
             finally:
