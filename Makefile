@@ -24,7 +24,10 @@ HEADLESS := MPLBACKEND=Agg OMP_NUM_THREADS=1
 # PYTHONDONTWRITEBYTECODE is set (the CI machine sets it) every test worker, kernel and torchrun
 # worker compiled helpers/ again, and pytest rewrote every test module's asserts again in each
 # worker (collecting the tests took 13 s of CPU per process instead of 7). The caches are
-# __pycache__/ folders, which git ignores; the installed packages are byte-compiled at install.
+# __pycache__/ folders, which git ignores. For the same reason the installed packages are not
+# byte-compiled at install (INSTALL_BYTECODE=0): the first process to import a module writes its
+# .pyc, so only what runs gets compiled (make setup: 6 s instead of 23 s, and 16 CPU-s less for a
+# fresh-clone make test). Outside make, where PYTHONDONTWRITEBYTECODE is set, nothing is cached.
 unexport PYTHONDONTWRITEBYTECODE
 PYTEST  := $(HEADLESS) $(VENV)/bin/pytest -q -p no:cacheprovider
 # Lesson 07's worker pools and torchrun workers fork the imported torch in the tiny notebooks, as in
@@ -45,7 +48,7 @@ KIT_PY  ?= 3.12
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt scripts/install.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) scripts/install.py $(PY) $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+	INSTALL_BYTECODE=0 $(PY) scripts/install.py $(PY) $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	touch $@
 
 setup: $(VENV)/.installed  ## create .venv and install the package with its test tools and JupyterLab

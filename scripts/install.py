@@ -16,7 +16,9 @@ costs about 13 s once, and saves seconds in every process after it: where PYTHON
 set (as on the CI machine) Python never writes the .pyc it compiles on import, so every kernel, test
 worker and torchrun worker compiled torch, sympy and matplotlib from source again (importing
 torch._dynamo took 4.7 CPU-s instead of 2.4; `make check` used 209 CPU-s instead of 173).
-INSTALL_BYTECODE=0 skips it (the Colab simulation's stand-in for Colab's own packages does).
+INSTALL_BYTECODE=0 skips it: `make setup` does, because make does not pass PYTHONDONTWRITEBYTECODE
+on, so the first process to import a module caches its bytecode (only what runs is compiled), and
+so does the Colab simulation's stand-in for Colab's own packages.
 """
 
 from __future__ import annotations
