@@ -2,9 +2,11 @@
 
 JupyterLab loads once, in one page; each notebook in notebooks/ (copies in a temporary folder,
 so that autosave never touches the repository) is opened from the file browser and gets a fresh
-kernel, Run All from the Run menu, and is closed with its changes discarded. Checked: no
-error output, a micro-batch size (B) and an accumulation steps (K) control, and every
-slider moved with the keyboard redraws its widget's output. The lessons run at the `tiny` scale
+kernel (a fork of a process that imported what the lessons import, tests/forked_kernels.py;
+BROWSER_FRESH_KERNELS=1 starts fresh processes instead), Run All from the Run menu, and is
+closed with its changes discarded. Checked: no error output, a micro-batch size (B) and an
+accumulation steps (K) control, and every slider moved with the keyboard redraws its widget's
+output. The lessons run at the `tiny` scale
 (LESSONS_SCALE overrides): this test checks the frontend; nbval checks the claims at the CPU
 scale. A screenshot per lesson goes to browser-shots/ (git-ignored; BROWSER_SHOTS_DIR
 overrides), with the timings in browser-shots/timings.json.
@@ -100,6 +102,7 @@ class Lab:
     base: str
     token: str
     root: Path
+    kernel_env: dict[str, str] = field(default_factory=dict)  # JUPYTER_PATH and the zygote, if forked
 
     def api(self, path: str, method: str = "GET") -> object:
         req = urllib.request.Request(f"{self.base}{path}", method=method,
@@ -164,12 +167,30 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
         JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
     )
+    zygote, zygote_log = None, None
+    if os.environ.get("BROWSER_FRESH_KERNELS") != "1":
+        # Each lesson's kernel is forked from a process that imported what the lessons import
+        # (tests/forked_kernels.py): fresh state, without 3 CPU-s of imports a lesson. Set
+        # BROWSER_FRESH_KERNELS=1 for the kernels a learner gets (nbval's run uses those).
+        socket_path = str(tmp / "zygote.sock")
+        kernel = tmp / "data" / "kernels" / "python3"
+        kernel.mkdir(parents=True)
+        (kernel / "kernel.json").write_text(json.dumps({
+            "argv": [sys.executable, str(ROOT / "tests" / "forked_kernels.py"), "client", "-f",
+                     "{connection_file}"],
+            "display_name": "Python 3 (ipykernel)", "language": "python", "metadata": {"debugger": False}}))
+        env.update(JUPYTER_PATH=str(tmp / "data"), LESSONS_KERNEL_ZYGOTE=socket_path)
+        zygote_log = (tmp / "zygote.log").open("w")
+        zygote = subprocess.Popen([sys.executable, str(ROOT / "tests" / "forked_kernels.py"), "zygote",
+                                   socket_path], cwd=ROOT, env=env, stdout=zygote_log,
+                                  stderr=subprocess.STDOUT)
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
            f"--port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={served}",
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     log = (tmp / "jupyter.log").open("w")
     proc = subprocess.Popen(cmd, cwd=served, env=env, stdout=log, stderr=subprocess.STDOUT)
-    server = Lab(f"http://127.0.0.1:{port}", token, served)
+    server = Lab(f"http://127.0.0.1:{port}", token, served,
+                 {k: env[k] for k in ("JUPYTER_PATH", "LESSONS_KERNEL_ZYGOTE") if k in env})
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -182,12 +203,15 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 time.sleep(0.5)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for process in filter(None, (proc, zygote)):
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
         log.close()
+        if zygote_log is not None:
+            zygote_log.close()
 
 
 @pytest.fixture(scope="module")
@@ -446,3 +470,58 @@ def test_every_slider_redraws_its_output(runs: dict[str, LessonRun], path: Path)
     assert run.sliders, f"{path.name}: no slider in any widget output"
     stuck = [s for s in run.sliders if not s["changed"]]
     assert not stuck, f"{path.name}: sliders whose output did not change: {stuck}"
+
+
+def test_a_forked_kernel_is_a_kernel_that_goes_with_its_client(lab: Lab,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lessons' kernels here are forks of a warm process (tests/forked_kernels.py). One must show
+    a warning on stderr, as a fresh kernel does, stop a cell when interrupted, and exit when Jupyter
+    kills its client, so that no kernel outlives its session."""
+    if not lab.kernel_env:
+        pytest.skip("BROWSER_FRESH_KERNELS=1: the kernels are fresh processes")
+    from jupyter_client import KernelManager
+
+    for name, value in lab.kernel_env.items():
+        monkeypatch.setenv(name, value)
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(lab.root))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        out = _execute(kc, "import os, sys, warnings\nwarnings.warn('from a forked kernel')\n"
+                           "print(os.getpid(), os.getcwd(), sys.modules['torch'].__name__)")
+        assert "from a forked kernel" in out["stderr"], out
+        pid, cwd, torch_name = out["stdout"].split()
+        assert (cwd, torch_name) == (str(lab.root), "torch"), out  # the client's folder; torch came preloaded
+        sleeping = kc.execute("import time\ntime.sleep(60)")
+        time.sleep(1)
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=30)  # within 30 s, not the cell's 60
+        while reply["parent_header"]["msg_id"] != sleeping:  # the replies to the cells before it
+            reply = kc.get_shell_msg(timeout=30)
+        assert reply["content"].get("ename") == "KeyboardInterrupt", reply["content"]
+        assert _execute(kc, "print('still here')")["stdout"].strip() == "still here"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)  # kills the client
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists(), "the forked kernel outlived its client"
+
+
+def _execute(kc: object, code: str, timeout_s: float = 60) -> dict[str, str]:
+    """Run `code` in the kernel; return what it wrote to stdout and stderr."""
+    msg_id = kc.execute(code)  # type: ignore[attr-defined]
+    streams = {"stdout": "", "stderr": ""}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        msg = kc.get_iopub_msg(timeout=timeout_s)  # type: ignore[attr-defined]
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            streams[msg["content"]["name"]] += msg["content"]["text"]
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return streams
+    raise TimeoutError(f"no answer to {code!r} within {timeout_s:.0f} s")
