@@ -126,11 +126,23 @@ def pool4() -> Iterator[object]:
 TIERS = ("browser", "slow")
 
 
+def _run_order(item: pytest.Item) -> tuple[int, int]:
+    """Where an item goes: the browser test, notebooks (lesson 10 first), slow or distributed, the rest."""
+    if "browser" in item.keywords:
+        return (0, 0)
+    name = item.path.name
+    if item.path.suffix == ".ipynb":
+        return (1, -int(name[:2]) if name[:2].isdigit() else 0)
+    return (2, 0) if "slow" in item.keywords or "distributed" in item.keywords else (3, 0)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The browser test runs its lessons one after another on one worker: start it first, so that the
     # other worker shares out everything else around it (`make test` keeps this order, with
-    # --no-loadscope-reorder).
-    items.sort(key=lambda item: "browser" not in item.keywords)
+    # --no-loadscope-reorder). The longest units next, so that the session does not end on one of
+    # them with the other worker idle: the notebooks, later lessons (the longer ones) first, then
+    # the files with slow or distributed tests.
+    items.sort(key=_run_order)
     both = [item.nodeid for item in items if all(tier in item.keywords for tier in TIERS)]
     if both:  # a test has one tier: `-m browser` and `-m slow` must not both select it
         raise pytest.UsageError(f"a test is either browser or slow, not both: {both[:3]}")
