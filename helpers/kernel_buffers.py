@@ -241,14 +241,15 @@ def _needs_cpu_run(func: object, tensors: list[torch.Tensor]) -> bool:
     name, mutable, _ = _op(func)
     if name in _CONVOLUTIONS or name == "_scaled_dot_product_flash_attention_for_cpu":
         return True
+    on_meta = all(t.device.type == "meta" for t in tensors)
+    if mutable and not on_meta:
+        return False  # run only on fresh copies: never repeat an in-place op on real tensors
     if name in _MATMULS or name in _HALF_IN_FP32:
         return any(t.dtype in _HALF for t in tensors)
-    if mutable:
-        return False  # run only on fresh copies: never repeat an in-place op on real tensors
+    if mutable or not on_meta:
+        return False
     dtypes = set()
     for t in tensors:
-        if t.device.type != "meta":
-            return False
         if t.dim() > 0 and t.is_floating_point():
             dtypes.add(t.dtype)
     return len(dtypes) > 1

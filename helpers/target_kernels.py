@@ -296,7 +296,8 @@ class _AutocastRule(TorchFunctionMode):
 
         @contextlib.contextmanager
         def fork_rng(*args: object, **kwargs: object) -> Iterator[None]:
-            with original(*args, **kwargs), self.forward():  # type: ignore[arg-type]
+            caching = contextlib.nullcontext() if self.caching else self.forward()  # a forward's own stays
+            with original(*args, **kwargs), caching:  # type: ignore[arg-type]
                 yield
 
         torch.random.fork_rng = fork_rng
