@@ -13,16 +13,41 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers.meta_memo import MetaMemo
 from helpers.meta_pointwise import fast_pointwise
 
-__all__ = ["OpObserver", "tensors_in"]
+if TYPE_CHECKING:
+    from helpers.meta_memo import MetaMemo
+
+__all__ = ["OpFacts", "OpObserver", "op_facts", "tensors_in"]
+
+
+class OpFacts(NamedTuple):
+    """What an op's schema says, as the meta profile's fast paths read it."""
+
+    name: str  # the overload packet's name, e.g. "add" for aten.add.Tensor ("" if not an aten op)
+    mutates: bool  # it writes to an argument (or it has no schema)
+    view: bool  # it returns a view of an argument (or it has no schema)
+    tensor_args: tuple[tuple[int, str], ...]  # (position, name) of each argument typed Tensor
+
+
+@functools.cache
+def op_facts(func: object) -> OpFacts:
+    """The schema facts of aten op overload `func`, read once per op."""
+    name = getattr(getattr(func, "overloadpacket", None), "__name__", "")
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return OpFacts(name, True, True, ())
+    view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+    tensor_args = tuple((i, a.name) for i, a in enumerate(schema.arguments) if str(a.type) == "Tensor")
+    return OpFacts(name, schema.is_mutable, view, tensor_args)
 
 
 def tensors_in(tree: object) -> list[torch.Tensor]:

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 import torch
 
 from helpers.allocator import AllocatorRecord
+from helpers.dispatch import op_facts
 from helpers.tracker import _ACTIVE, KernelBuffers, tensors_in
 
 __all__ = ["CPU_CHECK_BYTES", "attention_backward_buffer_bytes", "cpu_inside_bytes", "kernel_buffers",
@@ -209,25 +210,10 @@ def _half_cpu_flash_backward(func: object, args: tuple, kwargs: dict, bound: int
     return max(base, _measured(func, args, kwargs)) + (t - 1) * block * item
 
 
-_OPS: dict[object, tuple[str, bool, tuple[tuple[int, str], ...]]] = {}
-
-
-def _op(func: object) -> tuple[str, bool, tuple[tuple[int, str], ...]]:
-    """(name, mutates an argument, (position, name) of each argument typed Tensor), read once per op."""
-    op = _OPS.get(func)
-    if op is None:
-        name = getattr(getattr(func, "overloadpacket", None), "__name__", "")
-        schema = getattr(func, "_schema", None)
-        tensor_args = () if schema is None else tuple(
-            (i, a.name) for i, a in enumerate(schema.arguments) if str(a.type) == "Tensor")
-        op = _OPS[func] = (name, schema is None or schema.is_mutable, tensor_args)
-    return op
-
-
 def _wrapped_numbers(func: object, args: tuple, kwargs: dict) -> int:
     """How many Python numbers this call passes where the op takes a Tensor (torch wraps each one)."""
     n = 0
-    for i, name in _op(func)[2]:
+    for i, name in op_facts(func).tensor_args:
         value = args[i] if i < len(args) else kwargs.get(name)
         n += isinstance(value, int | float | complex)
     return n
@@ -238,7 +224,7 @@ def _needs_cpu_run(func: object, tensors: list[torch.Tensor]) -> bool:
 
     `tensors` are the call's positional tensor operands.
     """
-    name, mutable, _ = _op(func)
+    name, mutable = op_facts(func)[:2]
     if name in _CONVOLUTIONS or name == "_scaled_dot_product_flash_attention_for_cpu":
         return True
     on_meta = all(t.device.type == "meta" for t in tensors)
@@ -264,7 +250,7 @@ def kernel_buffers(target: str, found: dict[str, int]) -> KernelBuffers:
     """
 
     def buffers(func: object, args: tuple, kwargs: dict, out: object) -> int:
-        kernel = _ATTENTION_BACKWARD.get(_op(func)[0])
+        kernel = _ATTENTION_BACKWARD.get(op_facts(func).name)
         if kernel is not None:
             n = attention_backward_buffer_bytes(kernel, args[0], args[1], args[2])
             if kernel == "cpu flash" and args[1].dtype in _HALF:

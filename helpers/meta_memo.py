@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 import torch
 
+from helpers.dispatch import op_facts
+
 __all__ = ["SHARED", "MetaMemo"]
 
 _META = torch.device("meta")
@@ -40,22 +42,14 @@ def _describe(value: object, tensors: list[torch.Tensor]) -> object:
             return _UNKNOWN
         tensors.append(value)
         return (value.device.type, tuple(value.shape), value.stride(), value.storage_offset(), value.dtype)
-    if isinstance(value, tuple | list):
+    if isinstance(value, tuple | list | dict):  # a dict (the keyword arguments) as its (name, value) pairs
         parts = []
-        for v in value:
+        for v in value.items() if isinstance(value, dict) else value:
             d = _describe(v, tensors)
             if d is _UNKNOWN:
                 return _UNKNOWN
             parts.append(d)
         return (type(value), tuple(parts))
-    if isinstance(value, dict):
-        parts = []
-        for k, v in value.items():
-            d = _describe(v, tensors)
-            if d is _UNKNOWN:
-                return _UNKNOWN
-            parts.append((k, d))
-        return (dict, tuple(parts))
     if isinstance(value, _PLAIN):
         return (type(value), value)
     return _UNKNOWN
@@ -106,17 +100,6 @@ class MetaMemo:
         self.limit = limit
         self.hits = 0
         self._memo: dict[tuple, object] = {}
-        self._kinds: dict[object, tuple[bool, bool]] = {}
-
-    def _kind(self, func: object) -> tuple[bool, bool]:
-        """(returns a view of an operand or is not an aten op, mutates an operand), read once per op."""
-        kind = self._kinds.get(func)
-        if kind is None:
-            schema = getattr(func, "_schema", None)
-            view = schema is None or any(
-                r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
-            kind = self._kinds[func] = (view, schema is not None and schema.is_mutable)
-        return kind
 
     def run(self, func: Callable[..., object], args: tuple, kwargs: dict) -> object:
         """`func(*args, **kwargs)`, from the memo when this call's metadata was seen before.
@@ -130,13 +113,13 @@ class MetaMemo:
             What the op returns: on a repeated call, the operands it returns and fresh empty
             meta tensors with the recorded shapes, strides, offsets, dtypes and storage sizes.
         """
-        view, mutates = self._kind(func)
-        if view:
+        facts = op_facts(func)
+        if facts.view:  # (an op without a schema counts as a view: it always runs)
             return func(*args, **kwargs)
         inputs: list[torch.Tensor] = []
         desc = _describe((args, kwargs), inputs)
         on_meta = [t.device == _META for t in inputs]
-        if desc is _UNKNOWN or not any(on_meta) or (mutates and not all(on_meta)):
+        if desc is _UNKNOWN or not any(on_meta) or (facts.mutates and not all(on_meta)):
             return func(*args, **kwargs)  # never skip an in-place op on a real tensor
         key = (func, desc, torch.get_default_dtype())
         recipe = self._memo.get(key, _UNKNOWN)

@@ -66,10 +66,8 @@ def _send(pid: int, sig: int) -> None:
 
 def zygote(path: str) -> None:
     """Import what the lessons import, then fork a kernel for each client that connects."""
-    import warnings
     from pathlib import Path
 
-    fresh_filters = list(warnings.filters)
     root = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(root))
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")  # as ipykernel sets it
@@ -89,16 +87,17 @@ def zygote(path: str) -> None:
         pid = os.fork()
         if pid == 0:
             server.close()
-            _kernel(conn, fds, request, fresh_filters)
+            _kernel(conn, fds, request)
         conn.close()
         for fd in fds:
             os.close(fd)
 
 
-def _kernel(conn: socket.socket, fds: list[int], request: dict, fresh_filters: list) -> None:
+def _kernel(conn: socket.socket, fds: list[int], request: dict) -> None:
     """In the forked child: the client's surroundings, then a real ipykernel until it exits."""
     import threading
-    import warnings
+
+    from helpers.processes import _fresh_warning_filters  # as make check's forked notebooks get them
 
     code = 1
     try:
@@ -109,7 +108,7 @@ def _kernel(conn: socket.socket, fds: list[int], request: dict, fresh_filters: l
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        warnings.filters[:] = fresh_filters
+        _fresh_warning_filters()
         conn.sendall(str(os.getpid()).encode())
         conn.close()
         client_fd = os.pidfd_open(request["client"])
