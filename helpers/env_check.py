@@ -17,6 +17,7 @@ from dataclasses import dataclass
 PYTHON_FLOOR = (3, 11)
 REQUIRED = {"torch": (2, 5), "ipywidgets": (7, 6), "matplotlib": (3, 7), "tqdm": (4, 66)}
 OPTIONAL = {"jupyterlab": "for `make lab`; Colab and other hosted notebooks do not need it"}
+FRAMEWORKS_WHY = "lesson 10 and --hf-config of other model types; the `frameworks` extra"
 STATUSES = ("ok", "FAIL", "warn", "info")
 
 
@@ -90,6 +91,26 @@ def check_optional(dist: str, why: str) -> Check:
     return Check("ok", dist, f"{version} (optional: {why})")
 
 
+def check_frameworks() -> list[Check]:
+    """Transformers, Accelerate and Lightning: optional, but an installed one must run with this torch.
+
+    Each installed framework is imported as lesson 10 imports it (`helpers.frameworks.unusable`), so
+    a release that refuses this torch (Transformers 5.20 and later below torch 2.6) is a warning
+    that says so, not a crash in the lesson.
+    """
+    from helpers import frameworks
+
+    checks = []
+    for name, version in frameworks.versions().items():
+        if version is None:
+            checks.append(Check("warn", name, f"not installed (optional: {FRAMEWORKS_WHY})"))
+        elif (why := frameworks.unusable(name)) is not None:
+            checks.append(Check("warn", name, why))
+        else:
+            checks.append(Check("ok", name, f"{version} (optional: {FRAMEWORKS_WHY})"))
+    return checks
+
+
 def on_colab() -> bool:
     """True inside a Google Colab runtime."""
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
@@ -136,6 +157,7 @@ def run_checks() -> list[Check]:
     checks.append(Check("info", "Colab", "yes: the setup cell installs the helpers with --no-deps"
                         if on_colab() else "no"))
     if all(c.status != "FAIL" for c in checks if c.name == "torch"):
+        checks += check_frameworks()
         checks += check_lessons()
     return checks
 

@@ -6,9 +6,11 @@ Transformers, Accelerate and Lightning are optional: they are the `frameworks` e
 - `FRAMEWORKS`: the import name of each framework and what to install for it.
 - `versions()`, `missing(*names)`: what is installed here; `versions_table()`: the versions
   and the seconds each import took in this kernel, as a plain-text table.
-- `ready(*names)`: True when every framework named is installed. When one is missing it
-  prints what to install and returns False, so a lesson section can skip its checks
-  with a clear message; under `CI=true` it raises instead, so CI never skips.
+- `unusable(name)`: why an installed framework cannot run here (it imports it the way the
+  lessons do), or None: Transformers 5.20 and later refuse torch older than 2.6.
+- `ready(*names)`: True when every framework named is installed and imports. When one is
+  missing or unusable it prints what to do and returns False, so a lesson section can skip
+  its checks with a clear message; under `CI=true` it raises instead, so CI never skips.
 - `timed_import(name)`: import a framework (offline, logging silenced) and record the
   seconds it took; `IMPORT_SECONDS` holds them.
 - `offline()`: the environment that keeps Hugging Face libraries off the network.
@@ -49,6 +51,7 @@ __all__ = [
     "ready",
     "silence_logs",
     "timed_import",
+    "unusable",
     "versions",
     "versions_table",
 ]
@@ -116,23 +119,85 @@ def install_hint(names: Sequence[str]) -> str:
     return f"pip install 'ckpt-vs-accum[{EXTRA}]' (or: pip install {packages})"
 
 
+_UNUSABLE: dict[str, str | None] = {}  # framework -> why it cannot run here (None: it can), once a process
+
+
+def unusable(name: str) -> str | None:
+    """Why framework `name`, installed, cannot run in this environment; None when it can.
+
+    Imports it as the lessons do (`timed_import`, the first time only). A framework can be
+    installed and still refuse this torch: Transformers 5.20 and later disable their PyTorch
+    models below torch 2.6 (5.19 imports `torch.accelerator`, new in 2.6), and a package index
+    may still hand such a release to an older torch.
+
+    Args:
+        name: a key of `FRAMEWORKS` that is installed (see `missing`).
+
+    Returns:
+        One line naming the framework's version, this torch and the cause, or None.
+    """
+    (name,) = _checked([name])
+    if name not in _UNUSABLE:
+        _UNUSABLE[name] = _why_unusable(name)
+    return _UNUSABLE[name]
+
+
+def _why_unusable(name: str) -> str | None:
+    import torch
+
+    version = versions()[name]
+    try:
+        with _quiet_stderr_logs():
+            if name == "transformers":  # its own verdict on this torch first: the Trainer fails obscurely
+                checks = importlib.import_module("transformers.utils.import_utils")
+                if not checks.is_torch_available():
+                    raise ImportError("it disabled its PyTorch models, because this torch is older than "
+                                      "it requires")
+            timed_import(name)
+    except Exception as exc:  # noqa: BLE001 - any failure to import means it cannot run here
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return (f"{name} {version} is installed but does not run with torch {torch.__version__} "
+                f"({type(exc).__name__}: {cause}); upgrade torch, or install a {name} release that "
+                "supports this torch")
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_stderr_logs() -> Iterator[None]:
+    """Transformers reports a refused torch as two WARNING log lines at import: keep them off stderr."""
+    saved = os.environ.get("TRANSFORMERS_VERBOSITY")
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TRANSFORMERS_VERBOSITY", None)
+        else:
+            os.environ["TRANSFORMERS_VERBOSITY"] = saved
+
+
 def ready(*names: str) -> bool:
-    """True when every framework in `names` is installed; else say what to install.
+    """True when every framework in `names` is installed and runs here; else say what to do.
 
     Args:
         *names: framework keys of `FRAMEWORKS` (none: all of them).
 
     Returns:
-        True when all are importable. Otherwise prints one line naming the missing
-        ones and the pip command, and returns False; with the environment variable
-        `CI=true` it raises `RuntimeError` instead (CI must run every section).
+        True when all import and run with this torch (`unusable`). Otherwise prints one line
+        naming the missing ones and the pip command (or why an installed one cannot run), and
+        returns False; with the environment variable `CI=true` it raises `RuntimeError` instead
+        (CI must run every section).
     """
     absent = missing(*names)
-    if not absent:
+    broken = [why for n in _checked(names) if n not in absent and (why := unusable(n)) is not None]
+    if not absent and not broken:
         return True
-    message = (f"{', '.join(absent)} not installed here: the checks that need "
-               f"{'them' if len(absent) > 1 else 'it'} are skipped. To run them: {install_hint(absent)}, "
-               "then restart the kernel.")
+    if absent:
+        message = (f"{', '.join(absent)} not installed here: the checks that need "
+                   f"{'them' if len(absent) > 1 else 'it'} are skipped. To run them: {install_hint(absent)}, "
+                   "then restart the kernel.")
+    else:
+        message = f"{'; '.join(broken)}: the checks that need it are skipped."
     if os.environ.get("CI", "").lower() == "true":
         raise RuntimeError(f"CI=true, so every section must run, but {message}")
     print(f"Skipped: {message}")

@@ -72,6 +72,12 @@ def _transformers():  # noqa: ANN202  (the module, imported only when needed)
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if transformers_missing():
         raise ValueError(NO_TRANSFORMERS)
+    from helpers.frameworks import unusable
+
+    why = unusable("transformers")
+    if why is not None:
+        raise ValueError(f"{why}. Without it, --hf-config covers the model types {', '.join(HF_TYPES)}, "
+                         "and every preset works")
     return importlib.import_module("transformers")
 
 

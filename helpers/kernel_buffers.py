@@ -33,6 +33,7 @@ that is what `helpers.plan`'s CUDA margin is for.
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Iterator
 
 import torch
@@ -42,7 +43,7 @@ from helpers.dispatch import op_facts
 from helpers.tracker import _ACTIVE, KernelBuffers, tensors_in
 
 __all__ = ["CPU_CHECK_BYTES", "attention_backward_buffer_bytes", "cpu_inside_bytes", "kernel_buffers",
-           "rng_states_counted"]
+           "meta_rng_module", "rng_states_counted"]
 
 CPU_CHECK_BYTES = 256 * 2**20  # operands up to this size are run once on the real CPU
 SCALAR_BYTES = 24  # a wrapped Python number (8 bytes) and what the kernel makes of it
@@ -271,6 +272,28 @@ def kernel_buffers(target: str, found: dict[str, int]) -> KernelBuffers:
 
 
 @contextlib.contextmanager
+def meta_rng_module() -> Iterator[None]:
+    """Let checkpoint's recompute fork the RNG of meta tensors on older torch.
+
+    Checkpoint's recompute calls `torch.random.fork_rng(device_type="meta")`, which on
+    torch 2.5 looks up a `torch.meta` module and raises if there is none ("torch has no
+    module of meta"), although it then forks no meta device (the meta device has no random
+    state). While inside, a stand-in module with no devices answers that lookup; newer torch does
+    not need it, and it is removed afterwards.
+    """
+    if hasattr(torch, "meta"):
+        yield
+        return
+    stand_in = types.ModuleType("torch.meta")
+    stand_in.device_count = lambda: 0  # type: ignore[attr-defined]  (asked when no devices are named)
+    torch.meta = stand_in  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        del torch.meta  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
 def rng_states_counted() -> Iterator[None]:
     """While inside, each CPU random-number state made for a checkpoint is counted as "other".
 
@@ -280,7 +303,8 @@ def rng_states_counted() -> Iterator[None]:
     Both are made outside any op, so a tracker on the meta device would not see them; and
     on meta, newer torch's `fork_rng` forks nothing, where a CPU target's holds the CPU
     state. While inside, every `torch.get_rng_state()` result is watched by the active
-    trackers, and a `fork_rng` that made none holds one for its duration.
+    trackers, and a `fork_rng` that made none holds one for its duration. It also answers
+    torch 2.5's lookup of a `torch.meta` module (`meta_rng_module`).
     """
     original, original_fork = torch.get_rng_state, torch.random.fork_rng
     made = [0]
@@ -303,6 +327,7 @@ def rng_states_counted() -> Iterator[None]:
 
     torch.get_rng_state, torch.random.fork_rng = get_rng_state, fork_rng
     try:
-        yield
+        with meta_rng_module():
+            yield
     finally:
         torch.get_rng_state, torch.random.fork_rng = original, original_fork

@@ -50,8 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -59,7 +58,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.checkpointing import apply_ac, blocks_of
-from helpers.kernel_buffers import attention_backward_buffer_bytes, kernel_buffers, rng_states_counted
+from helpers.kernel_buffers import (
+    attention_backward_buffer_bytes,
+    kernel_buffers,
+    meta_rng_module,
+    rng_states_counted,
+)
 from helpers.memory import MemoryTracker, tracked_run
 from helpers.meta_memo import SHARED as SHARED_MEMO
 from helpers.models import BlockWrapper
@@ -169,26 +173,6 @@ class BatchSpec:
 # ---------------------------------------------------------------------------
 # Optimizers and checkpointing
 # ---------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _meta_rng_module() -> Iterator[None]:
-    """Let checkpoint's recompute fork the RNG of meta tensors on older torch.
-
-    Checkpoint's recompute calls `torch.random.fork_rng(device_type="meta")`, which on
-    torch 2.5 looks up a `torch.meta` module and raises if there is none, although it
-    then forks no meta device (the meta device has no random state). For the duration
-    of a meta profile, an empty stand-in module answers that lookup; newer torch does
-    not need it, and it is removed afterwards.
-    """
-    if hasattr(torch, "meta"):
-        yield
-        return
-    torch.meta = types.ModuleType("torch.meta")  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        del torch.meta  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------
@@ -355,7 +339,7 @@ class Profiler:
             if kernels is not None:
                 modes.enter_context(kernels)
             if self.meta:
-                modes.enter_context(_meta_rng_module())
+                modes.enter_context(meta_rng_module())
             if not self._warm:
                 self._init_state()
             batches = [self.spec.batch(b, self.device, self.seed + i) for i in range(k)]

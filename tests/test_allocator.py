@@ -111,8 +111,17 @@ def _autocast(fn):  # noqa: ANN001, ANN202
         return fn()
 
 
-def test_measure_step_is_within_2_percent_of_torch_profilers_record(tmp_path) -> None:  # noqa: ANN001
-    """On shapes the lessons do not use, attention-dominated steps in fp32 and bf16 included."""
+TOLERANCE = 0.001  # measure_step against the profiler's exported trace: 0 to +0.004% on torch 2.5.1 and 2.13
+
+
+def test_measure_step_is_within_a_tenth_of_a_percent_of_torch_profilers_record(tmp_path) -> None:  # noqa: ANN001
+    """On shapes the lessons do not use, attention-dominated steps in fp32 and bf16 included.
+
+    The guard at the end keeps the test sharp: the tracker alone reads each attention step at least
+    ten times the tolerance low (torch 2.13: 12.1% in fp32, 5.1% in bf16; torch 2.5.1, whose bf16
+    flash backward allocates less inside itself: 12.1% and 3.8%), so a measure_step that fell back
+    to the tracker's figure would fail here on every torch the package declares.
+    """
     gaps = {}
     for name, (model, loss_of) in _cases().items():
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -130,15 +139,15 @@ def test_measure_step_is_within_2_percent_of_torch_profilers_record(tmp_path) ->
         opt.zero_grad(set_to_none=True)
         reference = _independent_peak(step, state, tmp_path)
         opt.zero_grad(set_to_none=True)
-        assert abs(ours.peak_bytes / reference - 1) <= 0.02, (name, ours.peak_bytes, reference)
+        assert abs(ours.peak_bytes / reference - 1) <= TOLERANCE, (name, ours.peak_bytes, reference)
         assert set(ours.breakdown) == set(CATEGORIES) and sum(ours.breakdown.values()) == ours.peak_bytes
         assert 0 <= ours.inside_kernels_bytes <= ours.breakdown["other"], name
         with MemoryTracker(model=model, optimizer=opt) as tracker:
             step()
         opt.zero_grad(set_to_none=True)
         gaps[name] = 1 - max(tracker.timeline().total) / reference
-    # the tracker alone reads these attention steps far more than 2% low: the test would catch it
-    assert gaps["attention fp32"] > 0.05 and gaps["attention bf16"] > 0.05, gaps
+    # the tracker alone reads these attention steps far below the tolerance: the test would catch it
+    assert gaps["attention fp32"] > 10 * TOLERANCE and gaps["attention bf16"] > 10 * TOLERANCE, gaps
 
 
 def test_nothing_the_profiler_prints_reaches_stderr(capfd) -> None:  # noqa: ANN001

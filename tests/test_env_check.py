@@ -134,3 +134,17 @@ def test_a_cuda_report_says_both_units_and_what_the_cap_covers(monkeypatch: pyte
     cap = checks["memory cap"].detail
     assert cap.startswith("16 GB (LESSONS_GPU_MEMORY_GB)")
     assert "caching allocator only" in cap and "CUDA context" in cap
+
+
+def test_a_framework_that_cannot_run_with_this_torch_is_a_warning(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys) -> None:
+    from helpers import frameworks
+
+    why = "transformers 9.0 is installed but does not run with torch 2.5.1 (ImportError: too old)"
+    monkeypatch.setattr(frameworks, "versions", lambda: {"transformers": "9.0", "accelerate": None,
+                                                          "lightning": "2.6"})
+    monkeypatch.setattr(frameworks, "unusable", lambda name: why if name == "transformers" else None)
+    assert main([]) == 0  # optional: the lessons still run
+    out = capsys.readouterr().out
+    assert f"[warn] transformers: {why}" in out
+    assert "[warn] accelerate: not installed (optional" in out and "[ ok ] lightning: 2.6" in out

@@ -103,3 +103,35 @@ def test_timed_import_records_once() -> None:
     assert module.__name__ == "accelerate" and first >= 0
     frameworks.timed_import("accelerate")
     assert frameworks.IMPORT_SECONDS["accelerate"] == first
+
+
+def test_an_installed_framework_that_refuses_this_torch_is_not_ready(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Transformers 5.20+ on torch 2.5 disables its models at import; ready() must say so and skip.
+
+    The refusal is Transformers' own verdict (`is_torch_available()`), stood in for here; the floor
+    run of `make test-matrix` meets the real one when it installs a Transformers too new for 2.5.
+    """
+    import importlib
+    import types
+
+    if frameworks.missing("transformers"):
+        pytest.skip("needs transformers installed")
+    real = importlib.import_module
+    refusing = types.SimpleNamespace(is_torch_available=lambda: False)
+    def import_module(name: str, *args: object) -> object:
+        return refusing if name == "transformers.utils.import_utils" else real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    monkeypatch.setattr(frameworks, "_UNUSABLE", {})
+    monkeypatch.setenv("CI", "false")
+    assert frameworks.ready("transformers") is False
+    out = capsys.readouterr().out
+    assert out.startswith("Skipped: transformers ") and "does not run with torch" in out
+    assert "disabled its PyTorch models" in out
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(RuntimeError, match="CI=true.*does not run with torch"):
+        frameworks.ready("transformers")
+    monkeypatch.setattr(frameworks, "_UNUSABLE", {})
+    monkeypatch.setattr(importlib, "import_module", real)
+    assert frameworks.unusable("transformers") is None  # the real verdict here: it runs

@@ -184,3 +184,14 @@ def test_bad_inputs_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="use_sliding_window=true"):
         arch_from_hf({**SMALL["qwen2"], "use_sliding_window": True})
     assert isinstance(arch_from_hf(SMALL["mistral"]), ArchConfig)
+
+
+def test_a_transformers_that_refuses_this_torch_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building a model Transformers alone knows, where Transformers refuses this torch: say why."""
+    from helpers import frameworks
+
+    why = "transformers 9.0 is installed but does not run with torch 2.5.1 (ImportError: too old)"
+    monkeypatch.setattr(hf_configs, "transformers_missing", lambda: False)
+    monkeypatch.setattr(frameworks, "unusable", lambda name: why)
+    with pytest.raises(ValueError, match=r"does not run with torch 2\.5\.1.*covers the model types"):
+        hf_configs.transformers_causal_lm({**SMALL["llama"]})

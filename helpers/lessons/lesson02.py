@@ -7,6 +7,7 @@ sqrt(n) chains are `helpers.segments`, the checkpointing itself `helpers.checkpo
 from __future__ import annotations
 
 import functools
+import gc
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -237,6 +238,27 @@ def check_exercise_1(s: object) -> str:
     return "Hint: set 5 * a * s / h equal to 34 and solve for s with h = 64, a = 4."
 
 
+class _PolicyFailed(Exception):
+    """A learner's policy raised; the message names its exception."""
+
+
+def _checkpointed_or_raise(block: torch.nn.Module, x: torch.Tensor, context: Callable) -> torch.Tensor:
+    """`checkpoint(block, x + 0, context_fn=context)`, with a failure cleaned up before it leaves.
+
+    On torch 2.5 the non-reentrant checkpoint keeps its forward context (the policy's dispatch
+    mode) in a generator that is closed only when the failed call's frames are collected. Closed
+    after an outer mode (the measuring tracker) has exited, it restores torch's "a dispatch mode is
+    on" flag, and `torch.compile` then compiles nothing for the rest of the process. So the
+    exception is dropped and garbage collected here, inside the tracker, and a plain one raised.
+    """
+    try:
+        return checkpoint(block, x + 0, use_reentrant=False, context_fn=context)
+    except Exception as exc:  # noqa: BLE001 - a learner's policy may fail in any way
+        message = f"{type(exc).__name__}: {exc}"
+    gc.collect()  # the failed call's generator exits now, in order
+    raise _PolicyFailed(message)
+
+
 def check_exercise_2(policy: object) -> str:
     """Exercise 2: a selective policy that saves only the softmax output.
 
@@ -254,10 +276,9 @@ def check_exercise_2(policy: object) -> str:
         x = torch.randn(b, s, h, requires_grad=True)
     context = functools.partial(create_selective_checkpoint_contexts, policy)
     try:
-        kept = saved_activation_bytes(
-            lambda: checkpoint(block, x + 0, use_reentrant=False, context_fn=context))
-    except Exception as exc:  # noqa: BLE001 - a learner's policy may fail in any way
-        return f"Hint: running a block with your policy raised {type(exc).__name__}: {exc}"
+        kept = saved_activation_bytes(lambda: _checkpointed_or_raise(block, x, context))
+    except _PolicyFailed as failed:
+        return f"Hint: running a block with your policy raised {failed}"
     full = saved_activation_bytes(lambda: checkpoint(block, x + 0, use_reentrant=False))
     softmax = a * s * s * b * 4
     if abs(kept - (full + softmax)) <= 0.02 * softmax:

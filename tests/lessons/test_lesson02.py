@@ -99,6 +99,21 @@ def test_exercise_checkers() -> None:
     assert lesson02.check_exercise_4(None, 1).startswith("Hint")
 
 
+def test_a_failing_policy_leaves_no_dispatch_mode_behind() -> None:
+    """After exercise 2's checker ran a policy that raises, torch must not think a mode is still on.
+
+    On torch 2.5 the checkpoint's forward context outlived the tracker and left the flag set, and
+    every later torch.compile in the kernel compiled nothing (test_compiled failed after this test).
+    """
+    from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+
+    assert lesson02.check_exercise_2(lambda *a, **k: 1 / 0).startswith("Hint")
+    assert not is_in_torch_dispatch_mode()
+    compiled = torch.compile(torch.nn.Linear(3, 3), backend="aot_eager")
+    out = compiled(torch.randn(2, 3, requires_grad=True))
+    assert "CompiledFunction" in type(out.grad_fn).__name__
+
+
 def test_exercise_3_checker_agrees_with_the_lessons_own_measurement() -> None:
     """A ReLU's saved output is the next Linear's saved input: one storage, so a/b = 1 (issue 21).
 
