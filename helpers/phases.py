@@ -36,6 +36,7 @@ from helpers.memory import (
     MemoryTracker,
     Timeline,
     floor_of,
+    measurable_model,
     tracked_run,
 )
 from helpers.models import GPT, device_of
@@ -188,6 +189,7 @@ def measure_phases(
     callable_arg("update", update, "a zero-argument callable")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    measurable_model(model, "measure_phases")
     tracker = MemoryTracker(model=model, optimizer=optimizer)
     cuda = tracker.device_type == "cuda"
     allocator: dict[str, int] = {}

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
-from helpers.memory import MemoryTracker, saved_activation_bytes
+from helpers.memory import MemoryTracker, measurable_model, saved_activation_bytes
 from helpers.models import MLPBlock
 from helpers.validate import choice, int_in_range, positive_int
 
@@ -121,6 +121,7 @@ def segment_sweep(chain: nn.Sequential, x: torch.Tensor, ks: Sequence[int]) -> l
     """
     for k in ks:
         _check_segments(len(chain), k)
+    measurable_model(chain, "segment_sweep")
     return [_segment_point(chain, x, k) for k in ks]
 
 

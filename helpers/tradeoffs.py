@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from helpers.memory import Timeline
+from helpers.memory import Timeline, measurable_model
 from helpers.tracker import MemoryTracker
 from helpers.training import IGNORE_INDEX
 from helpers.validate import bool_arg, callable_arg, instance_arg, positive_int, tensor_arg
@@ -91,6 +91,7 @@ def gradient_peak(model: nn.Module, step: Callable[[], object], *,
         The `Timeline`.
     """
     callable_arg("step", step, "a zero-argument callable")
+    measurable_model(model, "gradient_peak")
     with MemoryTracker(model=model) as tracker:
         if make_optimizer is None:
             step()
