@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from helpers.meta_profile import CHECKPOINTS, PURE_BF16_WARNING, Profiler, StepProfile
@@ -22,8 +23,8 @@ from helpers.preset_profiles import PRESET_MICRO_BATCHES, arch_profile, preset_p
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB
 from helpers.validate import ArgTypeError, choice, number_in_range, positive_number
 
-__all__ = ["PRESET_MICRO_BATCHES", "PlanReport", "arch_profile", "margin_line", "plan_model",
-           "preset_profile", "reported_card_bytes"]
+__all__ = ["PRESET_MICRO_BATCHES", "PlanReport", "arch_profile", "cpu_threads_note", "margin_line",
+           "plan_model", "preset_profile", "reported_card_bytes"]
 
 
 def reported_card_bytes(budget_bytes: float) -> float:
@@ -106,6 +107,7 @@ class PlanReport:
     released_peak_bytes: int | None = None
     n_trainable: int = 0
     trainable: str = "all parameters"
+    cpu_threads: int = field(default_factory=torch.get_num_threads)  # the intra-op threads it was planned at
 
     @property
     def floor_bytes_per_param(self) -> float:
@@ -164,6 +166,7 @@ class PlanReport:
             "batch": self.spec,
             "optimizer": self.optimizer,
             "target": self.target,
+            "cpu_threads": self.cpu_threads if self.target == "cpu" else None,
             "precision": self.precision,
             "trainable": self.trainable,
             "trainable_parameters": self.n_trainable,
@@ -304,6 +307,18 @@ def _plan(profiles: dict[str, MemoryProfile], usable: float, effective_batch: in
     return plan, ""
 
 
+def cpu_threads_note() -> str:
+    """What a CPU-target plan holds for: the intra-op thread count it measured kernels' buffers at.
+
+    oneDNN's convolution and 16-bit reduction buffers are per thread, so the plan measures them on
+    the real CPU at `torch.get_num_threads()` (tests compare plans with real steps at 1 and 2 threads).
+    """
+    n = torch.get_num_threads()
+    return (f"CPU target: planned for {n} intra-op thread{'s' if n > 1 else ''} (torch.get_num_threads(); "
+            "kernels' own buffers, oneDNN's among them, are per thread and were measured at this count); "
+            "a process with more threads may need more: plan it there")
+
+
 def plan_model(
     profiler: Profiler,
     *,
@@ -387,6 +402,8 @@ def plan_model(
             "fp32 row sums, and fp32 dq, dk, dv accumulators for 16-bit inputs "
             "(helpers.kernel_buffers.attention_backward_buffer_bytes)"
         )
+    if profiler.target == "cpu":
+        notes.append(cpu_threads_note())
     if profiler.optimizer_name in ("adam", "adamw"):
         notes.extend(f"{name}: {caveat}" for name, caveat in CAVEATS.items())
     return PlanReport(

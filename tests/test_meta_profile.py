@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -71,9 +72,20 @@ def _pair(name: str, precision: str = "fp32", **meta_kw: object):  # noqa: ANN20
                             for dev in ("meta", "cpu")}
 
 
+@pytest.fixture
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    """torch's intra-op threads for the test (kernels' buffers are per thread), put back after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("checkpoint", ["none", "blocks"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_meta_profile_matches_cpu_within_1_percent(name: str, checkpoint: str) -> None:
+def test_meta_profile_matches_cpu_within_1_percent(name: str, checkpoint: str, threads: int) -> None:
+    """At 1 and 2 intra-op threads: `make test` runs one, a learner's kernel on 2 cores two."""
     _, _, b, prof = _pair(name)
     meta, cpu = (prof[d].step(b, checkpoint=checkpoint) for d in ("meta", "cpu"))
     assert cpu.method == "cpu-tracker" and meta.method.startswith("meta-tracker")
@@ -93,21 +105,16 @@ def test_checkpointing_lowers_the_activations_it_should(name: str) -> None:
     assert ckpt < plain
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("name", list(MODELS))
 def test_bf16_rule_on_meta_matches_real_cpu_autocast(name: str, threads: int) -> None:
     """Where the peak falls depends on the thread count (oneDNN's buffers are per thread): with one
     thread a conv net's peak is a 16-bit mean's fp32 copy, or a recompute holding the RNG state."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        _, _, b, prof = _pair(name, precision="bf16")
-        for ck in ("none", "blocks"):
-            meta, cpu = (prof[d].step(b, checkpoint=ck) for d in ("meta", "cpu"))
-            assert 0 <= meta.peak_bytes / cpu.peak_bytes - 1 < 0.01, (ck, meta.peak_bytes, cpu.peak_bytes)
-            assert meta.forward_end_bytes == pytest.approx(cpu.forward_end_bytes, rel=0.01), ck
-    finally:
-        torch.set_num_threads(before)
+    _, _, b, prof = _pair(name, precision="bf16")
+    for ck in ("none", "blocks"):
+        meta, cpu = (prof[d].step(b, checkpoint=ck) for d in ("meta", "cpu"))
+        assert 0 <= meta.peak_bytes / cpu.peak_bytes - 1 < 0.01, (ck, meta.peak_bytes, cpu.peak_bytes)
+        assert meta.forward_end_bytes == pytest.approx(cpu.forward_end_bytes, rel=0.01), ck
 
 
 def test_without_routing_meta_attention_keeps_the_score_matrix() -> None:

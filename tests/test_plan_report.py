@@ -184,3 +184,23 @@ def test_the_report_prints_one_byte_convention_and_whole_column_names(
     assert sizes and all(re.fullmatch(r"\d+\.\d", n) for n in sizes), sorted(set(sizes))[:5]
     assert "optimizer state" in text and "optimizer_s " not in text and "0.000 B" not in text
     assert re.search(r" \d+ bytes", text) is None and " GB" not in text  # a GiB budget: no decimal GB
+
+
+def test_a_cpu_plan_says_which_thread_count_it_holds_for() -> None:
+    """Kernels' own CPU buffers are per thread: the plan names the count it measured them at."""
+    import torch
+
+    build, spec = functools.partial(CausalLM, TINY["gpt2"]), BatchSpec.lm(64, 4096)
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            report = plan_model(Profiler(build, spec, target="cpu"), name="tiny", budget_bytes=8e9,
+                                effective_batch=4, checkpoint="none", check=False)
+            assert report.cpu_threads == n and report.to_dict()["cpu_threads"] == n
+            assert f"planned for {n} intra-op thread" in report.table()
+        cuda = plan_model(Profiler(build, spec, target="cuda"), name="tiny", budget_bytes=8e9,
+                          effective_batch=4, checkpoint="none", check=False)
+        assert cuda.to_dict()["cpu_threads"] is None and "intra-op thread" not in cuda.table()
+    finally:
+        torch.set_num_threads(before)
