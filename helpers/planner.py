@@ -82,20 +82,17 @@ DECISION_RULE: tuple[str, ...] = (
 )
 # NOTE [two refinements]: the steps above are what `recommend` applies (plain or full checkpointing).
 # Two cases the steps leave out, stated once here and restated word for word by lessons 00, 06 and
-# 08: selective checkpointing, measured in lesson 02 §5 (the attention core) and lesson 10 §1
+# 08: selective checkpointing, measured in lesson 02 §5 (the attention core) and lesson 10 §15
 # (Transformers' `every_n_layers`); and sharded state, where accumulation costs communication too
 # (lesson 07 shards the state). The planner itself plans neither.
 RULE_REFINEMENTS: tuple[str, ...] = (
-    "Between steps 4 and 5: before you halve the micro-batch once more, or checkpoint every layer, try "
-    "selective checkpointing: recompute only what is large and cheap to rebuild. Korthikanti et al. "
-    "recompute the attention core and keep about 70% fewer activations for about 3% more FLOPs "
-    "(lesson 02 §5 measures it: fewer recompute FLOPs per byte saved than full checkpointing); "
-    "Transformers' `every_n_layers` checkpoints only every n-th layer (lesson 10 §1). The planner "
-    "plans plain and full checkpointing only.",
-    "With sharded state (FSDP, ZeRO-3) step 4's \"it only costs the throughput\" does not hold: every "
-    "micro-step all-gathers the parameters again for its forward and its backward, so an update of K "
-    "micro-steps moves about K times the parameter traffic of one. Weigh that traffic against "
-    "checkpointing's recompute before you shrink the micro-batch (lesson 07 shards the state).",
+    "Between steps 4 and 5, before halving the micro-batch again or checkpointing every layer, try "
+    "selective checkpointing: Korthikanti et al. recompute only the attention core, for about 70% fewer "
+    "activations at about 3% more FLOPs (lesson 02 §5 measures its price per byte saved); Transformers' "
+    "`every_n_layers` checkpoints every n-th layer (lesson 10 §15).",
+    "Under sharded state (FSDP, ZeRO-3) accumulation is not free: every micro-step all-gathers the "
+    "parameters again, forward and backward, so K micro-steps move about K times the parameter traffic "
+    "of one; weigh that against checkpointing's recompute (lesson 07 shards the state).",
 )
 RULE_COROLLARY = (
     "So \"checkpoint when activations dominate\" is the case where shrinking the micro-batch until "

@@ -193,13 +193,11 @@ QUIZ: tuple[Question, ...] = (
              ("Saved activations of one micro-batch", "Parameters, gradients and optimizer state",
               "The logits of one micro-batch", "Temporary buffers of the forward pass"), 1,
              "Accumulation shrinks the micro-batch; the model state is a floor it cannot move.", "01"),
-    Question("Q4", "With every block checkpointed, each backward pass through the blocks pays for the "
-             "recompute with about...",
+    Question("Q4", "With every block checkpointed, the recompute costs, per backward pass, about...",
              ("nothing", "one extra forward of the checkpointed region, at most",
-              "one extra backward", "one extra forward and one extra backward"), 1,
-             "Only the forward of the region runs again, once per backward pass through it (non-reentrant "
-             "checkpoint may even stop early): once per micro-step in the usual loop, twice when one graph "
-             "is back-propagated twice (retain_graph).", "02"),
+              "one extra backward", "two extra forwards"), 1,
+             "Only the region's forward runs again, once per backward pass: once per micro-step in the "
+             "usual loop.", "02"),
     Question("Q5", "Where should the learning-rate scheduler step when you accumulate?",
              ("after every micro-step", "once per optimizer update", "once per epoch only",
               "before zero_grad of each micro-step"), 1,
