@@ -94,7 +94,7 @@ class RemedyFloor:
     caveat: str = ""
 
 
-MIXED_PRECISION = "mixed precision (bf16 autocast over fp32 weights, Adam state)"
+MIXED_PRECISION = "mixed precision (bf16 autocast, fp32 state)"
 PURE_BF16 = "pure bf16 (weights, gradients, Adam state)"
 FSDP = "FSDP / ZeRO-3"
 EIGHT_BIT = "8-bit Adam state (an estimate, never measured)"
