@@ -16,8 +16,8 @@ from helpers.formulas import korthikanti_activation_bytes
 from helpers.models import GPTConfig
 from helpers.validate import choice, positive_int
 
-__all__ = ["CAVEATS", "EIGHT_BIT", "FSDP", "MIXED_PRECISION", "PURE_BF16", "Estimate", "RemedyFloor",
-           "popular_estimates", "remedy_floors"]
+__all__ = ["CAVEATS", "EIGHT_BIT", "FSDP", "MIXED_PRECISION", "MIXED_PRECISION_BYTES", "PURE_BF16",
+           "Estimate", "RemedyFloor", "popular_estimates", "remedy_floors"]
 
 
 # -- The estimators people use, and the remedies for the floor -------------------------------------
@@ -68,8 +68,8 @@ def popular_estimates(cfg: GPTConfig, n_params: int, micro_batch: int, measured_
         Estimate("16 B/param (fp32 Adam)", 16 * n_params, measured_peak,
                  "activations, the logits, optimizer temporaries: model state only"),
         Estimate("18 B/param (mixed-precision Adam)", 18 * n_params, measured_peak,
-                 "activations; counts 16-bit weights beside an fp32 master copy, fp32 gradients and "
-                 "moments (2 + 4 + 4 + 8), not this fp32 model"),
+                 "activations; it also counts a persistent 16-bit weight copy (2 + 4 + 4 + 8), which "
+                 "autocast does not keep: its bf16 copies live as activations (MIXED_PRECISION_BYTES)"),
         Estimate(f"16 B/param + Korthikanti ({kname})", 16 * n_params + korth, measured_peak,
                  "embeddings, final norm, logits and loss, the gradient of the logits, "
                  + ("one block's recomputed internals during backward, " if checkpointed else "")
@@ -94,16 +94,21 @@ class RemedyFloor:
     caveat: str = ""
 
 
-MIXED_PRECISION = "mixed precision (bf16 + fp32 master, Adam state)"
+MIXED_PRECISION = "mixed precision (bf16 autocast, fp32 state)"
 PURE_BF16 = "pure bf16 (weights, gradients, Adam state)"
 FSDP = "FSDP / ZeRO-3"
 EIGHT_BIT = "8-bit Adam state (an estimate, never measured)"
-# NOTE [mixed precision]: bf16 autocast (or bf16 weights with an fp32 master copy) keeps
-# 2 + 2 + 4 + 8 = 16 B/param with Adam: the same floor as fp32 (ZeRO's 16 psi). Only pure bf16 is
-# smaller (2 + 2 + 4 = 8 B/param), and plain bf16 updates round small steps to nothing.
+# NOTE [mixed precision]: the one breakdown of the 16 B/param that every lesson, note and estimate
+# uses. bf16 autocast over fp32 weights keeps fp32 weights (4), fp32 gradients (4) and Adam's two
+# fp32 moments (8) = 16 B/param: the same floor as fp32. Autocast keeps no persistent bf16 weights or
+# gradients: the bf16 weight copies it casts in each forward are saved for backward and freed with
+# the other activations (lesson 01 measures them). Only pure bf16 is smaller (2 + 2 + 4 = 8 B/param),
+# and plain bf16 updates round small steps to nothing.
+MIXED_PRECISION_BYTES = "4 (fp32 weights) + 4 (fp32 gradients) + 8 (fp32 Adam moments) = 16 B/param"
 CAVEATS = {
-    MIXED_PRECISION: "bf16 weights and gradients beside fp32 master weights and Adam's fp32 moments, "
-                     "2 + 2 + 4 + 8 = 16 B/param as in fp32: it shrinks activations, not the floor",
+    MIXED_PRECISION: f"autocast keeps the fp32 state, {MIXED_PRECISION_BYTES} as in fp32; its bf16 "
+                     "weight copies are made in each forward and live as activations, not state: it "
+                     "shrinks activations, not the floor",
     PURE_BF16: "no fp32 master copy, 2 + 2 + 4 = 8 B/param, but bf16 weights lose small updates unless "
                "the optimizer uses stochastic rounding or Kahan summation",
     EIGHT_BIT: "an estimate, not a measurement: 1 byte per moment (2 B/param), plus the quantisation "
@@ -118,7 +123,7 @@ def remedy_floors(parameters: int, gradients: int, optimizer_state: int,
     """The floor under each remedy, computed from the measured floor of fp32 Adam.
 
     Bytes per parameter: fp32 Adam 16, SGD with momentum 12, SGD 8, mixed precision
-    2 + 2 + 4 (fp32 master) + 8 = 16 (no saving), pure bf16 8, bf16 Adam moments 12,
+    4 + 4 + 8 = 16 (autocast's fp32 state: no saving), pure bf16 8, bf16 Adam moments 12,
     offloaded optimizer state 8, ZeRO-1 over W workers 8 + 8/W, FSDP / ZeRO-3 16/W of
     persistent state. Sharding is measured for real in lesson 07.
 
@@ -127,9 +132,9 @@ def remedy_floors(parameters: int, gradients: int, optimizer_state: int,
             parameter: Adam's state is two parameter-sized moments).
         workers: the worker counts of the sharding rows.
         precision: the mode the bytes were measured in: "fp32" or "bf16" (autocast over fp32
-            master weights: the same fp32 state, so the same rows; the mixed-precision row never
-            drops the fp32 master copy), or "pure-bf16" (2 + 2 + 4 bytes measured: the precision
-            rows go, and the first row is the measured pure-bf16 floor).
+            weights: the same fp32 state, so the same rows; the mixed-precision row keeps all of
+            it), or "pure-bf16" (2 + 2 + 4 bytes measured: the precision rows go, and the
+            first row is the measured pure-bf16 floor).
 
     Returns:
         One `RemedyFloor` per remedy: the floor per worker, its saving against the measured
@@ -145,7 +150,7 @@ def remedy_floors(parameters: int, gradients: int, optimizer_state: int,
         (first, floor, CAVEATS[PURE_BF16] if precision == "pure-bf16" else ""),
         ("SGD with momentum (one buffer)", p + g + s / 2, ""),
         ("SGD, no momentum (no state)", p + g, ""),
-        (MIXED_PRECISION, p / 2 + g / 2 + p + s, CAVEATS[MIXED_PRECISION]),
+        (MIXED_PRECISION, p + g + s, CAVEATS[MIXED_PRECISION]),  # autocast: the fp32 state itself
         (PURE_BF16, p / 2 + g / 2 + s / 2, CAVEATS[PURE_BF16]),
         ("bf16 Adam state (fp32 weights and gradients)", p + g + s / 2, ""),
         (EIGHT_BIT, p + g + s / 4, CAVEATS[EIGHT_BIT]),

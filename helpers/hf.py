@@ -206,21 +206,17 @@ def checkpointed_by_hand(model: nn.Module) -> Iterator[int]:
 
 
 def enable_checkpointing(model: nn.Module, *, reentrant: bool) -> None:
-    """The library's switch, with `use_reentrant=reentrant`, under whichever name it has.
+    """The library's switch, `activation_checkpointing_enable`, with `use_reentrant=reentrant`.
 
-    Transformers 5.24 calls it `activation_checkpointing_enable` and keeps
-    `gradient_checkpointing_enable` as a deprecated alias (a FutureWarning); 5.10 only
-    has the latter.
+    Transformers 5.23 renamed `gradient_checkpointing_enable` to `activation_checkpointing_enable`
+    and keeps the old name as an alias that raises a FutureWarning ("removed in v6").
 
     Args:
         model: a Transformers model.
         reentrant: True only for the reentrant trap; lessons pass False.
     """
     kwargs = {"use_reentrant": bool_arg("reentrant", reentrant)}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
 
 
 def missing_grads(model: nn.Module) -> list[str]:

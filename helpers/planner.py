@@ -4,9 +4,10 @@ The API that lesson 06 builds and checks, and that later lessons reuse (lesson 0
 lesson 09's meta-device profiles). The lesson's instruments (its model, the phase
 measurements, the widget, the exercises) are in `helpers.lessons.lesson06`.
 
-- `DECISION_RULE`, `RULE_COROLLARY`, `decision_rule()`: which technique first, stated once.
-  `recommend`'s reasons, lesson 08's follow-up answer and lessons 06 and 09 quote these
-  strings (a test checks the notebooks), so the rule cannot drift between them.
+- `DECISION_RULE`, `RULE_REFINEMENTS`, `RULE_COROLLARY`, `decision_rule()`: which technique
+  first, stated once. `recommend`'s reasons, lesson 08's follow-up answer and lessons 00, 06 and
+  09 quote these strings (tests check the notebooks; lesson 09 quotes the steps and the
+  corollary), so the rule cannot drift between them.
 - `recommend` -> `Plan`: `DECISION_RULE` applied to a budget (steps 4 and 5: the largest
   micro-batch at or above `min_micro_batch` that fits without checkpointing, else with it,
   then accumulate), or a `ValueError` that names the floor, the rule's step that stopped it,
@@ -45,7 +46,7 @@ from helpers.validate import positive_int, positive_number
 
 __all__ = [
     "CAVEATS", "DECISION_RULE", "EIGHT_BIT", "FSDP", "GB", "MIXED_PRECISION", "PURE_BF16", "REMEDIES",
-    "RULE_COROLLARY",
+    "RULE_COROLLARY", "RULE_REFINEMENTS",
     "Estimate", "MemoryProfile", "NoPlanError", "Plan", "RemedyFloor", "decision_rule", "fit_profile",
     "popular_estimates",
     "korthikanti_activation_bytes", "recommend", "remedy_floors",
@@ -79,6 +80,20 @@ DECISION_RULE: tuple[str, ...] = (
     "Only if none fits, checkpoint (about one extra forward per micro-step) and take the largest "
     "micro-batch at or above the minimum that fits with it.",
 )
+# NOTE [two refinements]: the steps above are what `recommend` applies (plain or full checkpointing).
+# Two cases the steps leave out, stated once here and restated word for word by lessons 00, 06 and
+# 08: selective checkpointing, measured in lesson 02 §5 (the attention core) and lesson 10 §15
+# (Transformers' `every_n_layers`); and sharded state, where accumulation costs communication too
+# (lesson 07 shards the state). The planner itself plans neither.
+RULE_REFINEMENTS: tuple[str, ...] = (
+    "Between steps 4 and 5, before halving the micro-batch again or checkpointing every layer, try "
+    "selective checkpointing: Korthikanti et al. recompute only the attention core, for about 70% fewer "
+    "activations at about 3% more FLOPs (lesson 02 §5 measures its price per byte saved); Transformers' "
+    "`every_n_layers` checkpoints every n-th layer (lesson 10 §15).",
+    "Under sharded state (FSDP, ZeRO-3) accumulation is not free: every micro-step all-gathers the "
+    "parameters again, forward and backward, so K micro-steps move about K times the parameter traffic "
+    "of one; weigh that against checkpointing's recompute (lesson 07 shards the state).",
+)
 RULE_COROLLARY = (
     "So \"checkpoint when activations dominate\" is the case where shrinking the micro-batch until "
     "it fits would take it below the minimum that keeps the device busy."
@@ -86,9 +101,10 @@ RULE_COROLLARY = (
 
 
 def decision_rule() -> str:
-    """`DECISION_RULE` as a numbered list, then `RULE_COROLLARY` (plain text that is also Markdown)."""
+    """`DECISION_RULE` numbered, `RULE_REFINEMENTS` as bullets, then `RULE_COROLLARY` (also Markdown)."""
     steps = "\n".join(f"{i}. {step}" for i, step in enumerate(DECISION_RULE, 1))
-    return f"{steps}\n\n{RULE_COROLLARY}"
+    refinements = "\n".join(f"- {note}" for note in RULE_REFINEMENTS)
+    return f"{steps}\n\n{refinements}\n\n{RULE_COROLLARY}"
 
 
 def _step(n: int) -> str:

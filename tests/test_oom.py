@@ -15,10 +15,17 @@ NEW = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capaci
        "unallocated. If reserved but unallocated memory is large try setting "
        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for "
        "Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+# Another process beside this one: torch matched this process's PID (os.getpid()) in NVML's list.
 OTHERS = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB. GPU 1 has a total "
           "capacity of 79.25 GiB of which 100.50 MiB is free. Process 4321 has 30.00 GiB memory in use. "
-          "Process 4322 has 49.10 GiB memory in use. Of the allocated memory 48.00 GiB is allocated by "
-          "PyTorch, and 600.00 MiB is reserved by PyTorch but unallocated.")
+          "Including non-PyTorch memory, this process has 49.10 GiB memory in use. Of the allocated memory "
+          "48.00 GiB is allocated by PyTorch, and 600.00 MiB is reserved by PyTorch but unallocated.")
+# The same GPU seen from inside a container: NVML names this process by its host PID (4322), which
+# is not os.getpid() there, so the message has no "this process" part (the case of issue 37).
+CONTAINER = OTHERS.replace("Including non-PyTorch memory, this process has", "Process 4322 has")
+# Two listed processes each at least as large as what PyTorch reserved here: either may be this one.
+AMBIGUOUS = CONTAINER.replace("Process 4321 has 30.00 GiB", "Process 4321 has 60.00 GiB").replace(
+    "79.25 GiB of which 100.50 MiB", "159.25 GiB of which 100.50 MiB")
 CAPPED = ("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.25 GiB of which "
           "60.00 GiB is free. Including non-PyTorch memory, this process has 16.40 GiB memory in use. "
           "15.00 GiB allowed; Of the allocated memory 14.90 GiB is allocated by PyTorch, and 30.00 MiB is "
@@ -57,8 +64,8 @@ def test_line_breaks_of_a_pasted_log_do_not_matter() -> None:
 
 def test_other_processes_and_a_cap_are_read() -> None:
     others = read_oom_message(OTHERS)
-    assert others.other_processes == parse_size("30.00 GiB") + parse_size("49.10 GiB")
-    assert others.process_in_use is None and others.outside_pytorch is None
+    assert others.other_processes == parse_size("30.00 GiB") and others.processes == ((4321, 30 * GIB),)
+    assert others.process_in_use == parse_size("49.10 GiB") and others.own_pid is None
     capped = read_oom_message(CAPPED)
     assert capped.allowed == 15 * GIB and capped.capacity == 15 * GIB
 
@@ -76,13 +83,71 @@ def test_the_diagnosis_names_what_ran_out() -> None:
     assert any("fragmentation" in line and "expandable_segments:True" in line for line in frag)
     assert any("Live tensors hold 19.80 GiB" in line for line in frag)
     others = read_oom_message(OTHERS).diagnosis()
-    assert "Other processes hold 79.10 GiB" in others[0]
+    assert "Other processes hold 30.00 GiB" in others[0]
     capped = read_oom_message(CAPPED).diagnosis()
     assert len(capped) == 1 and "of 15.00 GiB" in capped[0]  # the cap, not the card, is what is full
     huge = OOMReport(requested=100 * GIB, total=80 * GIB, free=70 * GIB, allocated=GIB,
                      reserved_unallocated=0).diagnosis()
     assert "no freeing helps" in huge[0]
     assert not any("fragmentation" in line for line in huge)
+
+
+def test_in_a_container_this_process_is_not_taken_for_another() -> None:
+    """NVML names processes by host PID; inside a container that is not os.getpid(), so torch writes
+    "Process 4322 has ..." for this very process. The page must not tell you to stop it."""
+    r = read_oom_message(CONTAINER)
+    assert r.own_pid == 4322 and r.own_pid_candidates == (4322,)
+    assert r.process_in_use == parse_size("49.10 GiB") and r.other_processes == 30 * GIB
+    assert r.outside_pytorch == read_oom_message(OTHERS).outside_pytorch  # as if torch had matched it
+    lines = r.diagnosis()
+    assert "Process 4322" in lines[0] and "do not stop it" in lines[0] and "os.getpid()" in lines[0]
+    assert any("Other processes hold 30.00 GiB" in line for line in lines)
+    assert not any("79.10 GiB" in line for line in lines)  # the old reading: both processes "others"
+    assert any("read as this process" in what for what, _ in r.rows())
+
+
+def test_when_two_listed_processes_could_be_this_one_the_page_says_so() -> None:
+    r = read_oom_message(AMBIGUOUS)
+    assert r.own_pid_candidates == (4322, 4321) and r.own_pid == 4322  # the smaller one is taken
+    lines = r.diagnosis()
+    assert "Processes 4322, 4321" in lines[0] and "before you stop one" in lines[0]
+    assert any(line.startswith("Other processes may hold 60.00 GiB") for line in lines)
+    assert not any("stop them" in line for line in lines)
+
+
+def test_no_listed_process_can_be_this_one_when_each_is_smaller_than_its_reserved_memory() -> None:
+    small = CONTAINER.replace("Process 4322 has 49.10 GiB", "Process 4322 has 1.00 GiB")
+    r = read_oom_message(small)
+    assert r.own_pid is None and r.process_in_use is None
+    assert r.other_processes == 31 * GIB
+
+
+def test_the_advice_names_both_allocator_variables_and_the_peak_caveat() -> None:
+    from helpers.oom import ALLOCATOR_SETTINGS
+
+    lines = read_oom_message(NEW).diagnosis()
+    frag = next(line for line in lines if "fragmentation" in line)
+    assert "PYTORCH_ALLOC_CONF=expandable_segments:True" in frag and "PYTORCH_CUDA_ALLOC_CONF" in frag
+    assert "max_split_size_mb" in frag
+    live = next(line for line in lines if line.startswith("Live tensors"))
+    # 19.80 GiB allocated + the 2.00 GiB request: the least the step needs, not its peak
+    assert "not the peak" in live and "at least 21.80 GiB" in live
+    assert {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:N",
+            "garbage_collection_threshold:F"} <= set(ALLOCATOR_SETTINGS)
+
+
+def test_the_installed_torch_reads_both_allocator_variables() -> None:
+    """The order ALLOCATOR_SETTINGS states, read from the installed torch's own header (torch 2.13)."""
+    import re
+    from pathlib import Path
+
+    import torch
+
+    header = Path(torch.__file__).parent / "include" / "c10" / "cuda" / "CUDAAllocatorConfig.h"
+    if not header.exists():
+        pytest.skip(f"this torch ships no {header.name}")
+    names = re.findall(r'get_env\("(PYTORCH_[A-Z]*_?ALLOC_CONF)"\)', header.read_text())
+    assert names.index("PYTORCH_CUDA_ALLOC_CONF") < names.index("PYTORCH_ALLOC_CONF"), names
 
 
 def test_not_an_oom_message_is_a_clear_error() -> None:

@@ -125,7 +125,7 @@ def test_a_budget_in_gb_stands_for_a_card_that_reports_gib() -> None:
 
 
 def test_report_remedies_save_what_the_hand_count_says() -> None:
-    """fp32 Adam is 16 B/param; mixed precision 2 + 2 + 4 + 8 = 16 (no saving), pure bf16 8 (issue 21)."""
+    """fp32 Adam is 16 B/param; mixed precision 4 + 4 + 8 = 16 (no saving), pure bf16 8 (issues 21, 37)."""
     build, spec, cfg = preset_spec("gpt2-small", 64)
     report = plan_model(Profiler(build, spec, target="cuda"), name="gpt2-small", budget_bytes=24e9,
                              effective_batch=8, check=False)

@@ -205,12 +205,13 @@ def test_remedy_floors() -> None:
 
 
 # Bytes per parameter, counted by hand (issue 21): fp32 weights 4, gradients 4, Adam's two moments 8;
-# bf16 copies 2 each; mixed precision keeps an fp32 master copy (4) beside the bf16 weights.
+# bf16 copies 2 each; mixed precision (bf16 autocast) keeps the fp32 weights, gradients and moments, and
+# no persistent bf16 copy: its casts live as activations (issue 37: one breakdown, 4 + 4 + 8).
 HAND_COUNTED = {
     "Adam, fp32 (measured)": 4 + 4 + 8,
     "SGD with momentum (one buffer)": 4 + 4 + 4,
     "SGD, no momentum (no state)": 4 + 4,
-    planner.MIXED_PRECISION: 2 + 2 + 4 + 8,
+    planner.MIXED_PRECISION: 4 + 4 + 8,
     planner.PURE_BF16: 2 + 2 + 2 + 2,
     "bf16 Adam state (fp32 weights and gradients)": 4 + 4 + 2 + 2,
     planner.EIGHT_BIT: 4 + 4 + 1 + 1,
@@ -227,6 +228,8 @@ def test_remedy_floors_against_hand_counted_bytes_per_parameter() -> None:
     by = {r.remedy: r for r in rows}
     assert by[planner.MIXED_PRECISION].saving_bytes == 0  # no saving on the floor
     assert "16 B/param" in by[planner.MIXED_PRECISION].caveat
+    assert "4 (fp32 weights) + 4 (fp32 gradients) + 8" in by[planner.MIXED_PRECISION].caveat
+    assert "2 + 2" not in by[planner.MIXED_PRECISION].caveat  # no second breakdown of the same mode
     assert "stochastic rounding" in by[planner.PURE_BF16].caveat and "Kahan" in by[planner.PURE_BF16].caveat
     fsdp = by["persistent state sharded over 8 workers (FSDP / ZeRO-3)"]
     assert "per-rank peak" in fsdp.caveat
@@ -235,7 +238,7 @@ def test_remedy_floors_against_hand_counted_bytes_per_parameter() -> None:
 
 
 def test_remedy_rows_follow_the_precision_mode() -> None:
-    """bf16 mixed precision measures fp32 state: the same rows, the mixed row keeps its fp32 master copy
+    """bf16 mixed precision measures fp32 state: the same rows, the mixed row keeps all of it
     (16 B/param, no saving). Pure bf16 measures 2 + 2 + 4: no precision row applies."""
     n = 1000
     mixed = {r.remedy: r for r in planner.remedy_floors(4 * n, 4 * n, 8 * n, precision="bf16")}
@@ -535,6 +538,28 @@ def test_decision_rule_is_numbered_and_ends_with_its_corollary() -> None:
     assert text.endswith(planner.RULE_COROLLARY)
     assert "min_micro_batch" in planner.DECISION_RULE[2] and "03 §7" in planner.DECISION_RULE[2]
     assert "no FLOPs" in planner.DECISION_RULE[3] and "Only if none fits" in planner.DECISION_RULE[4]
+    for note in planner.RULE_REFINEMENTS:  # between the steps and the corollary
+        assert text.index(planner.DECISION_RULE[-1]) < text.index(note) < text.index(planner.RULE_COROLLARY)
+
+
+def test_the_refinements_name_selective_checkpointing_and_sharded_accumulation() -> None:
+    """Issue 37: the rule missed selective checkpointing (Korthikanti; Transformers' every_n_layers) and
+    the all-gather every extra micro-step costs under FSDP / ZeRO-3, each with the lesson that measures it."""
+    selective, sharded = planner.RULE_REFINEMENTS
+    assert "70%" in selective and "lesson 02 §5" in selective and "every_n_layers" in selective
+    assert "all-gathers" in sharded and "FSDP" in sharded and "lesson 07" in sharded
+
+
+@pytest.mark.parametrize("notebook", ["00_start_here.ipynb", "06_combine_and_choose.ipynb"])
+def test_lessons_restate_the_refinements_word_for_word(notebook: str) -> None:
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "notebooks" / notebook
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    for note in planner.RULE_REFINEMENTS:
+        assert note in markdown, (notebook, note)
 
 
 @pytest.mark.parametrize("notebook", ["06_combine_and_choose.ipynb", "09_plan_your_model.ipynb"])

@@ -342,9 +342,11 @@ def check_exercise_4(flops_factor: object, peak_factor: object) -> str:
     if f is None or p is None:
         return f"Hint: answer with two numbers, got {flops_factor!r}, {peak_factor!r}."
     if abs(f - 2) <= 0.05 and abs(p - 1) <= 0.05:
-        return ("Correct: every micro-step recomputes its blocks once, so extra FLOPs per update double; "
-                "the peak holds one micro-batch's activations at a time, so it stays flat.")
+        return ("Correct: the recompute runs once per backward pass, and the loop makes one backward per "
+                "micro-step, so extra FLOPs per update double; the peak holds one micro-batch's activations "
+                "at a time, so it stays flat.")
     if abs(f - 2) <= 0.05:
         return ("Half right: the FLOPs double. Look at the peak again: how many micro-batches are "
                 "alive at once?")
-    return "Hint: the recompute happens once per micro-step. How many micro-steps does doubling K add?"
+    return ("Hint: the recompute happens once per backward pass through the blocks, and the loop runs one "
+            "backward per micro-step. How many micro-steps does doubling K add?")

@@ -8,7 +8,8 @@ and `helpers.tradeoffs` (optimizer in backward, chunked loss, offloading).
 - Sizes: `lesson_sizes(scale)` -> `Sizes`; `gpt_config(sizes)`, `lm_samples(sizes, n)`.
 - Figures: `plot_pareto(curve, others)`; tables print with `helpers.display.text_table`, the
   frameworks' versions with `helpers.frameworks.versions_table`.
-- Widgets: `show_accumulate(micro_batch, steps)` (Accelerate against lesson 05's loop) and
+- Widgets: `show_accumulate(micro_batch, steps)` (Accelerate against lesson 05's loop; without
+  Accelerate, lesson 05's two loops, `loop_errors`) and
   `BudgetExplorer(sizes, device, curve)` (the compiler's budget at a micro-batch size).
 - Exercises: `check_exercise_1` ... `check_exercise_4`.
 - Per-lesson protocol: `predicted_peak_bytes(scale)`, `widget_latency_cases(scale, device)`.
@@ -28,7 +29,14 @@ from helpers.display import text_table
 from helpers.formulas import gpt_step_peak_bytes
 from helpers.lessons import not_answered
 from helpers.models import GPT, GPTConfig, seeded_gpt
-from helpers.tokens import count_valid_tokens, fixed_step, split_micro_batches, variable_length_sequences
+from helpers.tokens import (
+    count_valid_tokens,
+    fixed_step,
+    full_batch_step,
+    naive_step,
+    split_micro_batches,
+    variable_length_sequences,
+)
 from helpers.training import linear_warmup
 from helpers.validate import answer_number, choice, number_in_range, positive_int
 
@@ -42,6 +50,7 @@ __all__ = [
     "gpt_config",
     "lesson_sizes",
     "lm_samples",
+    "loop_errors",
     "plot_pareto",
     "predicted_peak_bytes",
     "show_accumulate",
@@ -214,20 +223,54 @@ def accumulate_errors(micro_batch: int, steps: int, *, scale: str = "small",
     return syncs, errors[0], errors[1]
 
 
+def loop_errors(micro_batch: int, steps: int, *, scale: str = "small",
+                device: torch.device | str = "cpu") -> tuple[float, float]:
+    """Lesson 05's two loops on B x K padded sequences, against one padded batch of all of them.
+
+    Needs no framework: widget 1 shows this when Accelerate is not installed.
+
+    Args:
+        micro_batch, steps: B and K.
+        scale: the lesson's scale.
+        device: where it runs.
+
+    Returns:
+        The max_rel gradient error of the naive loop (token mean / K) and of the fix (summed
+        token loss / the group's token count).
+    """
+    positive_int("micro_batch", micro_batch)
+    positive_int("steps", steps)
+    device = torch.device(device)
+    model = _widget_model(scale, device)
+    samples = lm_samples(lesson_sizes(scale), micro_batch * steps, seed=7)
+    mbs = split_micro_batches(samples, micro_batch, device=device)
+    reference = full_batch_step(model, samples).grad
+    return (compare_grads(reference, naive_step(model, mbs).grad).max_rel,
+            compare_grads(reference, fixed_step(model, mbs).grad).max_rel)
+
+
 def show_accumulate(micro_batch: int = 4, steps: int = 4, *, scale: str = "small",
                     device: torch.device | str = "cpu") -> None:
-    """Widget 1: print the sync pattern and both gradient errors for B and K (needs Accelerate).
+    """Widget 1: the effective batch, then Accelerate's sync pattern and both gradient errors for B and K.
+
+    Without Accelerate it shows lesson 05's two loops instead (`loop_errors`), so the B and K
+    controls work whatever is installed.
 
     Args:
         micro_batch, steps: B and K.
         scale: the lesson's scale.
         device: where it runs.
     """
+    print(f"effective batch B x K = {micro_batch} x {steps} = {micro_batch * steps} padded sequences")
     if frameworks.missing("accelerate"):
-        print(f"Accelerate is not installed: {frameworks.install_hint(['accelerate'])}")
+        naive, fixed = loop_errors(micro_batch, steps, scale=scale, device=device)
+        print(f"Accelerate is not installed ({frameworks.install_hint(['accelerate'])}); lesson 05's loops "
+              f"alone, the optimizer stepping after micro-step {steps}:")
+        print(text_table([("token mean of each micro-batch / K (naive)", f"{naive:.2e}"),
+                          ("summed token loss / the group's tokens (lesson 05)", f"{fixed:.2e}")],
+                         ("loss back-propagated per micro-step", "max_rel vs one padded batch")))
         return
     syncs, naive, recipe = accumulate_errors(micro_batch, steps, scale=scale, device=device)
-    print(f"effective batch B x K = {micro_batch} x {steps} = {micro_batch * steps} padded sequences")
     print("sync_gradients per micro-step: " + " ".join("S" if s else "." for s in syncs)
           + f"  ({sum(syncs)} sync, {len(syncs) - sum(syncs)} accumulate-only)")
     print(text_table([("token mean of each micro-batch (naive)", f"{naive:.2e}"),

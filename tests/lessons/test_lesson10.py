@@ -72,6 +72,35 @@ def test_accumulate_widget_prints_the_effective_batch_and_both_errors(capsys) ->
     assert "effective batch B x K = 3 x 2 = 6" in out and ". S" in out
 
 
+def test_without_the_frameworks_the_widget_keeps_b_and_k_and_the_effective_batch(capsys, monkeypatch) -> None:
+    """Issue 37 (part B): with Transformers and Accelerate hidden from import, widget 1 still takes B and K,
+    prints the effective batch line, and measures lesson 05's two loops."""
+    import sys
+
+    for name in ("transformers", "accelerate"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import transformers` raises; find_spec says absent
+    assert frameworks.missing("transformers", "accelerate") == ["transformers", "accelerate"]
+    naive, fixed = lab.loop_errors(3, 2, scale="tiny")
+    assert naive > 1e-4 and fixed <= 1e-5, (naive, fixed)
+    lab.show_accumulate(3, 2, scale="tiny")
+    out = capsys.readouterr().out
+    assert "effective batch B x K = 3 x 2 = 6" in out and "Accelerate is not installed" in out
+    lab.show_accumulate(1, 1, scale="tiny")  # the sliders' lower ends
+    assert "effective batch B x K = 1 x 1 = 1" in capsys.readouterr().out
+
+
+def test_the_notebooks_b_and_k_sliders_are_offered_whatever_is_installed() -> None:
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "notebooks" / "10_frameworks_and_compiler.ipynb"
+    cells = ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+             if c["cell_type"] == "code"]
+    sliders = [c for c in cells if 'description="accumulation steps (K)"' in c]
+    assert sliders and all('description="micro-batch size (B)"' in c for c in sliders)
+    assert not any(line.startswith("if ") for c in sliders for line in c.splitlines()), sliders  # no guard
+
+
 @needs_accelerate
 def test_widget_latency_cases_each_run(capsys) -> None:
     cases = lab.widget_latency_cases("tiny", torch.device("cpu"))
