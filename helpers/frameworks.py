@@ -4,7 +4,8 @@ Transformers, Accelerate and Lightning are optional: they are the `frameworks` e
 (`pip install -e '.[frameworks]'`). This module never imports them at import time.
 
 - `FRAMEWORKS`: the import name of each framework and what to install for it.
-- `versions()`, `missing(*names)`: what is installed here; `versions_table()`: the versions
+- `versions()`, `not_installed(*names)`: what is installed here; `missing(*names)`: what cannot
+  be used here (not installed, or `unusable`); `versions_table()`: the versions
   and the seconds each import took in this kernel, as a plain-text table.
 - `unusable(name)`: why an installed framework cannot run here (it imports it the way the
   lessons do), or None: Transformers 5.20 and later refuse torch older than 2.6.
@@ -47,6 +48,7 @@ __all__ = [
     "describe_warnings",
     "install_hint",
     "missing",
+    "not_installed",
     "offline",
     "ready",
     "silence_logs",
@@ -108,9 +110,19 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def missing(*names: str) -> list[str]:
-    """The frameworks among `names` (default: all) that cannot be imported here."""
+def not_installed(*names: str) -> list[str]:
+    """The frameworks among `names` (default: all) that are not installed here (looked up, not imported)."""
     return [n for n in _checked(names) if importlib.util.find_spec(FRAMEWORKS[n].module) is None]
+
+
+def missing(*names: str) -> list[str]:
+    """The frameworks among `names` (default: all) that cannot be used here.
+
+    Not installed, or installed but unable to run with this torch (`unusable`: an installed one is
+    imported to find out). The lessons and the tests skip a section that needs one of these.
+    """
+    absent = not_installed(*names)
+    return [n for n in _checked(names) if n in absent or unusable(n) is not None]
 
 
 def install_hint(names: Sequence[str]) -> str:
@@ -188,7 +200,7 @@ def ready(*names: str) -> bool:
         returns False; with the environment variable `CI=true` it raises `RuntimeError` instead
         (CI must run every section).
     """
-    absent = missing(*names)
+    absent = not_installed(*names)
     broken = [why for n in _checked(names) if n not in absent and (why := unusable(n)) is not None]
     if not absent and not broken:
         return True

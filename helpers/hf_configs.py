@@ -60,11 +60,18 @@ NO_TRANSFORMERS = ("Hugging Face Transformers is not installed (pip install 'ckp
 
 
 def transformers_missing() -> bool:
-    """True when `transformers` cannot be imported here (looked up, not imported)."""
+    """True when `transformers` is not installed here, or installed but unable to run with this torch.
+
+    Looked up first; an installed one is imported to ask (`helpers.frameworks.unusable`).
+    """
     try:
-        return importlib.util.find_spec("transformers") is None
+        if importlib.util.find_spec("transformers") is None:
+            return True
     except (ImportError, ValueError):  # a finder that refuses it, or a module set to None
         return True
+    from helpers.frameworks import unusable
+
+    return unusable("transformers") is not None
 
 
 def _transformers():  # noqa: ANN202  (the module, imported only when needed)

@@ -31,7 +31,9 @@ def test_versions_and_missing_agree() -> None:
     found = frameworks.versions()
     assert set(found) == set(frameworks.FRAMEWORKS)
     for name in frameworks.FRAMEWORKS:
-        assert (found[name] is None) == (name in frameworks.missing(name)), name
+        assert (found[name] is None) == (name in frameworks.not_installed(name)), name
+        if found[name] is None:
+            assert name in frameworks.missing(name)
 
 
 def test_versions_table_names_every_framework() -> None:
@@ -48,7 +50,7 @@ def test_unknown_framework_is_refused() -> None:
 
 def test_ready_skips_with_a_message_and_fails_under_ci(monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(frameworks, "missing", lambda *names: ["lightning"])
+    monkeypatch.setattr(frameworks, "not_installed", lambda *names: ["lightning"])
     monkeypatch.setenv("CI", "false")
     assert frameworks.ready("lightning") is False
     out = capsys.readouterr().out
@@ -57,7 +59,8 @@ def test_ready_skips_with_a_message_and_fails_under_ci(monkeypatch: pytest.Monke
     monkeypatch.setenv("CI", "true")
     with pytest.raises(RuntimeError, match="CI=true.*lightning not installed"):
         frameworks.ready("lightning")
-    monkeypatch.setattr(frameworks, "missing", lambda *names: [])
+    monkeypatch.setattr(frameworks, "not_installed", lambda *names: [])
+    monkeypatch.setattr(frameworks, "unusable", lambda name: None)
     assert frameworks.ready("lightning") is True
 
 
@@ -115,7 +118,7 @@ def test_an_installed_framework_that_refuses_this_torch_is_not_ready(
     import importlib
     import types
 
-    if frameworks.missing("transformers"):
+    if frameworks.not_installed("transformers"):
         pytest.skip("needs transformers installed")
     real = importlib.import_module
     refusing = types.SimpleNamespace(is_torch_available=lambda: False)
@@ -126,6 +129,7 @@ def test_an_installed_framework_that_refuses_this_torch_is_not_ready(
     monkeypatch.setattr(frameworks, "_UNUSABLE", {})
     monkeypatch.setenv("CI", "false")
     assert frameworks.ready("transformers") is False
+    assert frameworks.missing("transformers") == ["transformers"]  # what the lessons and tests skip on
     out = capsys.readouterr().out
     assert out.startswith("Skipped: transformers ") and "does not run with torch" in out
     assert "disabled its PyTorch models" in out
