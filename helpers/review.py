@@ -33,6 +33,7 @@ from helpers.claims import CLAIMS, Claim, Evidence, Lab
 from helpers.device import lesson_scale, memory_method, pick_device
 from helpers.display import markdown_table
 from helpers.display import progress as progress_bar
+from helpers.frameworks import FRAMEWORKS, missing
 from helpers.plots import format_bytes
 from helpers.validate import choice
 
@@ -92,7 +93,12 @@ class Ledger:
 
 
 def _available(claim: Claim) -> bool:
-    return not claim.needs or importlib.util.find_spec(claim.needs) is not None
+    """Whether what the claim's check needs is here: a framework must also run with this torch."""
+    if not claim.needs:
+        return True
+    if claim.needs in FRAMEWORKS:
+        return not missing(claim.needs)
+    return importlib.util.find_spec(claim.needs) is not None
 
 
 def _select(only: Sequence[str] | None, claims: Sequence[Claim]) -> list[Claim]:

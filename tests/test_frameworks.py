@@ -138,4 +138,5 @@ def test_an_installed_framework_that_refuses_this_torch_is_not_ready(
         frameworks.ready("transformers")
     monkeypatch.setattr(frameworks, "_UNUSABLE", {})
     monkeypatch.setattr(importlib, "import_module", real)
-    assert frameworks.unusable("transformers") is None  # the real verdict here: it runs
+    verdict = real("transformers.utils.import_utils").is_torch_available()  # Transformers' own, here
+    assert (frameworks.unusable("transformers") is None) == verdict
