@@ -269,7 +269,8 @@ def start_workers(world_size: int = 2) -> Future:
         A Future whose `result()` is a `helpers.launcher.WorkerPool` for
         `two_worker_update(..., pool=...)`; close it after.
     """
-    from helpers.launcher import POOL_START_ENV, WorkerPool
+    from helpers.launcher import WorkerPool
+    from helpers.processes import POOL_START_ENV
 
     positive_int("world_size", world_size)
 

@@ -3,7 +3,7 @@
 float16 autocast on CPU and CUDA: `amp_update` runs one accumulated update with a GradScaler
 in the correct order or in one of the wrong ones (`AMP_ORDERS`), and reports the gradient the
 optimizer actually applied and the norm clipping saw; `fp16_underflow` counts the gradient
-entries float16 flushes to zero without a scaler. `helpers.pitfalls` re-exports these names.
+entries float16 flushes to zero without a scaler.
 """
 
 from __future__ import annotations

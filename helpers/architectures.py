@@ -41,22 +41,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from helpers.architectures_config import FAMILIES, PUBLISHED_PARAMETERS, RELEASED, ArchConfig, param_count
+from helpers.architectures_config import RELEASED, ArchConfig
 from helpers.architectures_layers import GPT2Block, LlamaBlock, RMSNorm, Rotary
 from helpers.meta_profile import BatchSpec, Profiler
-from helpers.models import GPT, BlockWrapper, GPTConfig
+from helpers.models import GPT, GPTConfig
+from helpers.nets import BlockWrapper
 from helpers.validate import choice, positive_int
 
-__all__ = [
-    "FAMILIES",
-    "PUBLISHED_PARAMETERS",
-    "RELEASED",
-    "ArchConfig",
-    "CausalLM",
-    "block_activation_bytes",
-    "param_count",
-    "released",
-]
+__all__ = ["CausalLM", "block_activation_bytes", "released"]
 
 # ---------------------------------------------------------------------------
 # The model

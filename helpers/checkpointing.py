@@ -25,21 +25,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
-from helpers.models import BlockWrapper
+from helpers.nets import BlockWrapper
 from helpers.saved_tensors import (
     attention_core_policy,
     save_matmul_outputs,
-)
-from helpers.segments import (
-    CHAIN_KINDS,
-    EXERCISE_CHAIN,
-    SegmentPoint,
-    chain_layer_costs,
-    divisors,
-    make_chain,
-    segment_cost,
-    segment_sizes,
-    segment_sweep,
 )
 from helpers.validate import (
     bool_arg,
@@ -50,10 +39,8 @@ from helpers.validate import (
 )
 
 __all__ = [
-    "CHAIN_KINDS", "EXERCISE_CHAIN", "POLICIES", "SegmentPoint", "chain_layer_costs", "checkpoint_with",
-    "apply_ac", "blocks_of", "divisors", "freeze_batchnorm_stats", "make_block_wrapper", "make_chain",
+    "POLICIES", "checkpoint_with", "apply_ac", "blocks_of", "freeze_batchnorm_stats", "make_block_wrapper",
     "params_without_grad",
-    "segment_cost", "segment_sizes", "segment_sweep",
 ]
 
 POLICIES = ("none", "full", "save-matmuls", "attention-core")

@@ -15,17 +15,14 @@ from collections.abc import Callable
 import torch
 
 from helpers import accumulation as acc
-from helpers import costs, formulas, pitfalls, tokens
+from helpers import amp, costs, formulas, pitfalls, tokens
 from helpers.checkpointing import apply_ac
 from helpers.claim_lab import LAB_CONFIG, SWEEP, Evidence, Lab
 from helpers.claim_lab import gib as _gib
 from helpers.data import regression_batch
 from helpers.memory import micro_step_memory, new_live_bytes, record_timeline, saved_activation_bytes
-from helpers.models import (
-    ResidualMLP,
-    deep_gpt_setup,
-    param_bytes,
-)
+from helpers.models import deep_gpt_setup
+from helpers.nets import ResidualMLP, param_bytes
 from helpers.training import lm_loss
 from helpers.update_memory import ConfigMemory, activation_sweep, measure_config
 
@@ -325,9 +322,9 @@ def _c_amp(lab: Lab) -> Evidence:
         torch.manual_seed(0)
         model = ResidualMLP(8, 32, 2, 1).to(lab.device)
     loss = torch.nn.functional.mse_loss
-    ref = pitfalls.amp_update(model, loss, x, y, 8, amp=False)
-    good = pitfalls.amp_update(model, loss, x, y, 8, order="correct")
-    bad = pitfalls.amp_update(model, loss, x, y, 8, order="clip_before_unscale")
+    ref = amp.amp_update(model, loss, x, y, 8, amp=False)
+    good = amp.amp_update(model, loss, x, y, 8, order="correct")
+    bad = amp.amp_update(model, loss, x, y, 8, order="clip_before_unscale")
     good_err = ((good.applied - ref.applied).norm() / ref.applied.norm()).item()
     shrink = (bad.applied.norm() / ref.applied.norm()).item()
     return Evidence(good_err <= 2e-2 and shrink <= 0.1, shrink, "x the true gradient norm",
@@ -361,10 +358,11 @@ def _c_launches(lab: Lab) -> Evidence:
 
 def _c_state_floor(lab: Lab) -> Evidence:
     planner = importlib.import_module("helpers.planner")
+    memory_profile = importlib.import_module("helpers.memory_profile")
     sweep = _sweep(lab)  # the profile reuses C05's measurements
     floor = next(iter(sweep.values())).floor_bytes
     try:
-        profile = planner.fit_profile(sweep.__getitem__, micro_batches=SWEEP)
+        profile = memory_profile.fit_profile(sweep.__getitem__, micro_batches=SWEEP)
         planner.recommend(int(0.9 * floor), 32, profile)
     except ValueError as exc:
         return Evidence("floor" in str(exc).lower(), floor, "bytes of model state",

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 from helpers import claim_checks as core
 from helpers import framework_checks as fw
-from helpers.claim_lab import LAB_CONFIG, LESSON_MODEL_CLAIMS, LESSON_MODELS, Evidence, Lab
+from helpers.claim_lab import Evidence, Lab
 
-__all__ = ["CLAIMS", "LAB_CONFIG", "LESSON_MODELS", "LESSON_MODEL_CLAIMS", "Claim", "Evidence", "Lab"]
+__all__ = ["CLAIMS", "Claim"]
 
 
 @dataclass(frozen=True)

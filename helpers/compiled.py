@@ -42,7 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.checkpointing import apply_ac, make_block_wrapper
 from helpers.memory import saved_activation_bytes
-from helpers.models import BlockWrapper
+from helpers.nets import BlockWrapper
 from helpers.validate import callable_arg, number_in_range, tensor_arg
 
 __all__ = [

@@ -34,7 +34,8 @@ from helpers.data import token_batch
 from helpers.device import synchronize
 from helpers.dispatch import OpObserver
 from helpers.memory import StepMemory, run_or_oom
-from helpers.models import GPT, device_of
+from helpers.models import GPT
+from helpers.nets import device_of
 from helpers.training import OPTIMIZERS, lm_loss
 from helpers.update_memory import measure_update
 from helpers.validate import bool_arg, callable_arg, choice, instance_arg, int_at_least, positive_int

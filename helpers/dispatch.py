@@ -8,7 +8,6 @@
 - `_freeze_gc()` / `_unfreeze_gc()`: one `gc.freeze()` shared by nested observed regions, so
   the collections inside them scan only what the region creates.
 
-`helpers.tracker` re-exports these names.
 """
 
 from __future__ import annotations

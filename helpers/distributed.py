@@ -32,7 +32,8 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.accumulation import flat_grad
-from helpers.launcher import WorkerPool, group_for, max_workers, shared_pool
+from helpers.launcher import WorkerPool, group_for, shared_pool
+from helpers.processes import max_workers
 from helpers.validate import callable_arg, positive_int, tensor_arg
 
 __all__ = [
@@ -57,7 +58,7 @@ def lesson_model(width: int = 64, depth: int = DEPTH) -> nn.Module:
     Returns:
         The model.
     """
-    from helpers.models import ResidualMLP
+    from helpers.nets import ResidualMLP
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

@@ -4,7 +4,7 @@
   bytes per parameter, Korthikanti's activation formula with and without recomputation,
   `korthikanti_activation_bytes`) beside a measurement.
 - `remedy_floors` -> `RemedyFloor`s: what each state remedy leaves of the measured floor, per
-  worker, with the caveat a remedy carries (`CAVEATS`). `helpers.planner` re-exports them.
+  worker, with the caveat a remedy carries (`CAVEATS`).
 """
 
 from __future__ import annotations

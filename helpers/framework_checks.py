@@ -11,28 +11,27 @@ import importlib
 import torch
 
 from helpers import accumulation as acc
-from helpers import tokens
+from helpers import token_loss
 from helpers.claim_lab import Evidence, Lab
 from helpers.claim_lab import gib as _gib
 from helpers.data import regression_batch
-from helpers.models import (
-    ResidualMLP,
-)
+from helpers.nets import ResidualMLP
 from helpers.training import lm_loss
 
 _LM = dict(vocab_size=64, hidden=32, layers=2, heads=2, max_len=16)  # a tiny Llama, from a config
 
 
 def _lm_rows(n: int, seed: int) -> list[dict[str, torch.Tensor]]:
-    hf = importlib.import_module("helpers.hf")
-    return hf.training_rows(tokens.variable_length_sequences(n, _LM["max_len"], _LM["vocab_size"],
-                                                             spread=0.75, seed=seed))
+    hf_models = importlib.import_module("helpers.hf_models")
+    rows = token_loss.variable_length_sequences(n, _LM["max_len"], _LM["vocab_size"], spread=0.75, seed=seed)
+    return hf_models.training_rows(rows)
 
 
 def _c_hf_checkpointing(lab: Lab) -> Evidence:
     hf = importlib.import_module("helpers.hf")
-    model = hf.causal_lm("llama", device=lab.device, **_LM)
-    batch = hf.micro_batches(_lm_rows(4, 0), 4, device=lab.device)[0]
+    hf_models = importlib.import_module("helpers.hf_models")
+    model = hf_models.causal_lm("llama", device=lab.device, **_LM)
+    batch = hf_models.micro_batches(_lm_rows(4, 0), 4, device=lab.device)[0]
     plain, (_, g_plain) = hf.saved_bytes(model, batch), hf.loss_and_grad(model, batch)
     hf.enable_checkpointing(model, reentrant=False)
     kept, (_, g_ckpt) = hf.saved_bytes(model, batch), hf.loss_and_grad(model, batch)
@@ -46,14 +45,16 @@ def _c_trainer_accumulation(lab: Lab) -> Evidence:
     import tempfile
 
     hf = importlib.import_module("helpers.hf")
+    hf_models = importlib.import_module("helpers.hf_models")
     rows = _lm_rows(8, 1)
-    loop = hf.causal_lm("llama", device=lab.device, **_LM)
+    loop = hf_models.causal_lm("llama", device=lab.device, **_LM)
     start = hf.snapshot(loop)
-    hf.group_token_step(loop, hf.micro_batches(rows, 2, device=lab.device))
+    hf.group_token_step(loop, hf_models.micro_batches(rows, 2, device=lab.device))
     torch.optim.SGD(loop.parameters(), lr=0.5).step()
     with tempfile.TemporaryDirectory() as out:
-        update = hf.trainer_update(hf.causal_lm("llama", device=lab.device, **_LM), rows, micro_batch=2,
-                                   accumulation_steps=4, learning_rate=0.5, output_dir=out)
+        model = hf_models.causal_lm("llama", device=lab.device, **_LM)
+        update = hf.trainer_update(model, rows, micro_batch=2, accumulation_steps=4, learning_rate=0.5,
+                                   output_dir=out)
     diff = acc.compare_grads(hf.parameter_change(loop, start), update)
     return Evidence(diff.max_rel <= 1e-5, diff.max_rel, "max_rel",
                     "Trainer(gradient_accumulation_steps=4) vs the group-token-count loop, one update of 8 "

@@ -18,7 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.distributed import D_IN, D_OUT, lesson_data, mse_loss
-from helpers.launcher import WorkerPool, group_for, max_workers, shared_pool
+from helpers.launcher import WorkerPool, group_for, shared_pool
+from helpers.processes import max_workers
 from helpers.validate import callable_arg, choice, positive_int
 
 __all__ = [

@@ -5,8 +5,7 @@ so the same checks run offline on any machine. Needs the `frameworks` extra; the
 module imports Transformers only when a function is called.
 
 - Models and data (`causal_lm_config`, `causal_lm`, `dropout_settings`, `training_rows`,
-  `collate`, `micro_batches`, `predicted_tokens`, `KINDS`): in `helpers.hf_models`,
-  re-exported here.
+  `collate`, `micro_batches`, `predicted_tokens`, `KINDS`): in `helpers.hf_models`.
 - The loop: `group_token_step(model, batches)`, lesson 05's group-token-count
   accumulation written for a causal LM that shifts its labels inside.
 - Checkpointing: `saved_bytes`, `loss_and_grad`, `decoder_layers`, `checkpointed_by_hand`
@@ -29,44 +28,17 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers.accumulation import cleared_grads, flat_grad
 from helpers.hf_models import (
-    DROPOUT_FIELDS,
-    KINDS,
-    causal_lm,
-    causal_lm_config,
     collate,
-    dropout_settings,
-    micro_batches,
     predicted_tokens,
-    training_rows,
 )
 from helpers.memory import saved_activation_bytes
 from helpers.training import IGNORE_INDEX
 from helpers.validate import bool_arg, int_in_range, positive_int, positive_number
 
 __all__ = [
-    "DROPOUT_FIELDS",
-    "KINDS",
-    "SWITCHED_OFF",
-    "causal_lm",
-    "causal_lm_config",
-    "checkpointed_by_hand",
-    "collate",
-    "comparison_arguments",
-    "decoder_layers",
-    "dropout_settings",
-    "enable_checkpointing",
-    "group_token_step",
-    "knob_rows",
-    "loss_and_grad",
-    "micro_batches",
-    "missing_grads",
-    "parameter_change",
-    "predicted_tokens",
-    "quiet",
-    "saved_bytes",
-    "snapshot",
-    "trainer_update",
-    "training_rows",
+    "SWITCHED_OFF", "checkpointed_by_hand", "comparison_arguments", "decoder_layers", "enable_checkpointing",
+    "group_token_step", "knob_rows", "loss_and_grad", "missing_grads", "parameter_change", "quiet",
+    "saved_bytes", "snapshot", "trainer_update",
 ]
 
 # -- the loop ----------------------------------------------------------------------------------

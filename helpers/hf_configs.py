@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from helpers.architectures import ArchConfig, CausalLM
+from helpers.architectures import CausalLM
+from helpers.architectures_config import ArchConfig
 from helpers.meta_profile import BatchSpec
 from helpers.validate import choice, positive_int
 

@@ -9,7 +9,7 @@ Needs the `frameworks` extra; Transformers is imported only when a function is c
   `collate(rows)` (pad each micro-batch to its longest row, label padding -100),
   `micro_batches(rows, b)`, `predicted_tokens(batches)` (labels the shifted loss counts).
 
-`helpers.hf` runs them against the lessons' loops and re-exports every name here.
+`helpers.hf` runs them against the lessons' loops.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ from collections.abc import Iterator
 import torch
 
 from helpers.allocator import AllocatorRecord
-from helpers.dispatch import op_facts
-from helpers.tracker import _ACTIVE, KernelBuffers, tensors_in
+from helpers.dispatch import op_facts, tensors_in
+from helpers.tracker import _ACTIVE, KernelBuffers
 
 __all__ = ["CPU_CHECK_BYTES", "attention_backward_buffer_bytes", "cpu_inside_bytes", "kernel_buffers",
            "meta_rng_module", "rng_states_counted"]

@@ -51,24 +51,9 @@ from helpers.processes import (
     max_workers,
     pick_backend,
 )
-from helpers.torchrun import RESULTS_ENV, free_port, run_main, run_torchrun, save_result
 from helpers.validate import callable_arg, choice, positive_int, positive_number
 
-__all__ = [
-    "POOL_START_ENV",
-    "RESULTS_ENV",
-    "WorkerError",
-    "WorkerPool",
-    "free_port",
-    "group_for",
-    "launch",
-    "max_workers",
-    "pick_backend",
-    "run_main",
-    "run_torchrun",
-    "save_result",
-    "shared_pool",
-]
+__all__ = ["WorkerPool", "group_for", "launch", "shared_pool"]
 
 
 

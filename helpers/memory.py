@@ -43,15 +43,16 @@ from torch import nn
 from helpers.accumulation import cleared_grads, trainable_params
 from helpers.allocator import AllocatorRecord, allocator_timeline
 from helpers.device import CPU_TRACKER, CUDA_ALLOCATOR, TENSOR_TRACKER
-from helpers.models import device_of
-from helpers.timeline import CATEGORIES, Timeline
-from helpers.tracker import MemoryTracker, tensors_in
+from helpers.dispatch import tensors_in
+from helpers.nets import device_of
+from helpers.timeline import Timeline
+from helpers.tracker import MemoryTracker
 from helpers.validate import callable_arg, positive_number
 
 __all__ = [
-    "CATEGORIES", "FLOOR", "Mark", "MemoryTracker", "MicroStepMemory", "StepMemory", "Timeline", "floor_of",
-    "measurable_model", "measure_step", "micro_step_memory", "new_live_bytes", "record_timeline",
-    "run_capped", "run_or_oom", "saved_activation_bytes", "tracked_run", "tracker_method",
+    "FLOOR", "Mark", "MicroStepMemory", "StepMemory", "floor_of", "measurable_model", "measure_step",
+    "micro_step_memory", "new_live_bytes", "record_timeline", "run_capped", "run_or_oom",
+    "saved_activation_bytes", "tracked_run", "tracker_method",
 ]
 
 

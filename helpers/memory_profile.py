@@ -3,7 +3,7 @@
 `fit_profile(measure, sizes)` fits the floor, other, activation bytes per example and the
 optimizer-phase peak at a few micro-batch sizes from `StepMemory` (`helpers.memory.measure_step`)
 or `PhaseMemory` (`helpers.phases.measure_phases`) results; `MemoryProfile.predict_peak(b)`
-predicts the peak for any micro-batch. `helpers.planner` plans with it (and re-exports both).
+predicts the peak for any micro-batch. `helpers.planner` plans with it.
 """
 
 from __future__ import annotations

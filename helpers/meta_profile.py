@@ -57,39 +57,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.checkpointing import apply_ac, blocks_of
+from helpers.checkpointing import apply_ac
 from helpers.kernel_buffers import (
-    attention_backward_buffer_bytes,
     kernel_buffers,
     meta_rng_module,
     rng_states_counted,
 )
-from helpers.memory import MemoryTracker, tracked_run
+from helpers.memory import tracked_run
+from helpers.memory_profile import MemoryProfile, fit_profile
 from helpers.meta_memo import SHARED as SHARED_MEMO
-from helpers.models import BlockWrapper
-from helpers.planner import MemoryProfile, fit_profile
-from helpers.step_profile import BLOCKS_DONE, StepProfile, _marks_blocks_done, _step_profile
-from helpers.target_kernels import DEFAULT_CAPABILITY, GPUS, _AutocastRule, _TargetKernels, cuda_kernel
-from helpers.tracker import release_point
+from helpers.nets import BlockWrapper
+from helpers.step_profile import StepProfile, _marks_blocks_done, _step_profile
+from helpers.target_kernels import DEFAULT_CAPABILITY, _AutocastRule, _TargetKernels
+from helpers.tracker import MemoryTracker, release_point
 from helpers.trainable import apply_trainable, trainable_count
 from helpers.training import OPTIMIZERS, lm_loss, make_optimizer
 from helpers.validate import ArgTypeError, callable_arg, choice, positive_int
 
 __all__ = [
-    "BLOCKS_DONE",
-    "CHECKPOINTS",
-    "GPUS",
-    "OPTIMIZER_IMPLS",
-    "PRECISIONS",
-    "PRECISION_BYTES_PER_PARAM",
-    "PURE_BF16_WARNING",
-    "TARGETS",
-    "BatchSpec",
-    "Profiler",
-    "StepProfile",
-    "attention_backward_buffer_bytes",
-    "blocks_of",
-    "cuda_kernel",
+    "CHECKPOINTS", "OPTIMIZER_IMPLS", "PRECISIONS", "PRECISION_BYTES_PER_PARAM", "PURE_BF16_WARNING",
+    "TARGETS", "BatchSpec", "Profiler",
 ]
 
 TARGETS = ("cpu", "cuda")

@@ -25,23 +25,14 @@ from torch import nn
 
 from helpers.device import SCALES, by_scale
 from helpers.nets import (
-    NORMS,
-    BlockWrapper,
-    ConvNet,
-    DropoutMLP,
-    MLPBlock,
-    ResidualMLP,
     _Blocks,
     _check_positive,
-    device_of,
-    param_bytes,
 )
 from helpers.validate import choice, instance_arg, non_negative_int, number_in_range
 
 __all__ = [
-    "GPT", "NORMS", "BlockWrapper", "CausalSelfAttention", "ConvNet", "DropoutMLP", "GPTBlock", "GPTConfig",
-    "MLPBlock", "ResidualMLP", "deep_gpt_setup", "device_of", "explainer_config", "explainer_model",
-    "param_bytes", "seeded_gpt",
+    "GPT", "CausalSelfAttention", "GPTBlock", "GPTConfig", "deep_gpt_setup", "explainer_config",
+    "explainer_model", "seeded_gpt",
 ]
 
 

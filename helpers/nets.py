@@ -9,7 +9,6 @@
   (lesson 04 slices one batch's masks per micro-batch).
 - `param_bytes(model)`, `device_of(model)`: small facts about a model.
 
-`helpers.models` re-exports every name here.
 """
 
 from __future__ import annotations

@@ -32,29 +32,15 @@ from torch import nn
 
 from helpers.checkpointing import apply_ac
 from helpers.data import token_batch
-from helpers.memory import (
-    MemoryTracker,
-    Timeline,
-    floor_of,
-    measurable_model,
-    tracked_run,
-)
-from helpers.models import GPT, device_of
-from helpers.tracker import release_point
+from helpers.memory import floor_of, measurable_model, tracked_run
+from helpers.models import GPT
+from helpers.nets import device_of
+from helpers.timeline import Timeline
+from helpers.tracker import MemoryTracker, release_point
 from helpers.training import lm_loss, make_optimizer
-from helpers.update_memory import (
-    ConfigMemory,
-    activation_sweep,
-    breakdown_for,
-    measure_config,
-    measure_update,
-)
 from helpers.validate import callable_arg, positive_int
 
-__all__ = [
-    "ConfigMemory", "PhaseMemory", "UpdateMeasurer", "accumulate_update", "activation_sweep", "breakdown_for",
-    "measure_config", "measure_phases", "measure_update", "phase_peaks",
-]
+__all__ = ["PhaseMemory", "UpdateMeasurer", "accumulate_update", "measure_phases", "phase_peaks"]
 
 
 def accumulate_update(

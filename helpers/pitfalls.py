@@ -11,7 +11,7 @@ pitfalls, each with the measurement a notebook needs:
   masks can be passed in, so a full-batch mask can be sliced per micro-batch.
 - Scheduler stepping: `warmup_cosine` and `lr_schedule` (a real `LambdaLR`
   stepped per update or per micro-step).
-- Mixed precision (in `helpers.amp`, re-exported here; float16 autocast on CPU and CUDA):
+- Mixed precision (in `helpers.amp`; float16 autocast on CPU and CUDA):
   `amp_update` runs one accumulated update with a GradScaler in the correct order or in one
   of the wrong ones; `fp16_underflow` counts the gradient entries float16 flushes to zero.
 
@@ -43,9 +43,8 @@ from helpers.accumulation import (
     flat_grad,
     full_batch_grad,
 )
-from helpers.amp import AMP_ORDERS, AmpOutcome, Underflow, amp_dtype, amp_update, fp16_underflow
 from helpers.data import image_batch, regression_batch
-from helpers.models import NORMS, ConvNet, DropoutMLP
+from helpers.nets import NORMS, ConvNet, DropoutMLP
 from helpers.validate import (
     choice,
     int_at_least,
@@ -54,8 +53,7 @@ from helpers.validate import (
 )
 
 __all__ = [
-    "AMP_ORDERS", "BN_MODES", "SCHEDULE_MODES", "AmpOutcome", "Schedule", "Underflow", "amp_dtype",
-    "amp_update", "batchnorm_buffers", "default_micro_batches", "dropout_grads", "fp16_underflow",
+    "BN_MODES", "SCHEDULE_MODES", "Schedule", "batchnorm_buffers", "default_micro_batches", "dropout_grads",
     "ghost_batch_grad", "lr_schedule", "norm_error_curve", "set_norm_mode", "warmup_cosine",
 ]
 

@@ -4,7 +4,7 @@ The command reads a model (`--preset`, `--model package.module:factory` or `--hf
 and a budget, profiles one training update on the meta device (`helpers.meta_profile.Profiler`),
 and prints the plan (`helpers.plan_report.plan_model`): the inputs live in `helpers.presets`, the
 report in `helpers.plan_report`. `example_classifier` (from `helpers.presets`) is a small model to
-try `--model helpers.plan:example_classifier` with.
+try `--model helpers.presets:example_classifier` with.
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ import sys
 from collections.abc import Sequence
 
 from helpers.hf_configs import BUILDERS, NO_TRANSFORMERS, transformers_missing
-from helpers.meta_profile import CHECKPOINTS, GPUS, OPTIMIZER_IMPLS, PRECISIONS, TARGETS, BatchSpec, Profiler
+from helpers.meta_profile import CHECKPOINTS, OPTIMIZER_IMPLS, PRECISIONS, TARGETS, BatchSpec, Profiler
 from helpers.plan_report import PlanReport, plan_model
 from helpers.presets import (
     DEFAULT_CUDA_MARGIN,
     PRESETS,
-    example_classifier,
     hf_factory,
     load_factory,
     parse_budget,
     preset_spec,
 )
+from helpers.target_kernels import GPUS
 from helpers.training import OPTIMIZERS
 
-__all__ = ["example_classifier", "main"]
+__all__ = ["main"]
 
 
 # ---------------------------------------------------------------------------

@@ -4,7 +4,6 @@
   planner's choice for a budget (lesson 06's `helpers.planner.recommend`), the estimates people use
   beside ours, and what each remedy saves. `PlanReport.table()` prints it, `to_dict()` is the `--json`.
 - `reported_card_bytes`, `margin_line`: the card a budget stands for, and the CUDA margin.
-- `preset_profile`, `arch_profile`, `PRESET_MICRO_BATCHES`: re-exported from `helpers.preset_profiles`.
 """
 
 from __future__ import annotations
@@ -16,15 +15,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from helpers.meta_profile import CHECKPOINTS, PURE_BF16_WARNING, Profiler, StepProfile
-from helpers.planner import CAVEATS, MemoryProfile, Plan, recommend, remedy_floors
+from helpers.estimates import CAVEATS, remedy_floors
+from helpers.memory_profile import MemoryProfile
+from helpers.meta_profile import CHECKPOINTS, PURE_BF16_WARNING, Profiler
+from helpers.planner import Plan, recommend
 from helpers.plots import format_bytes
-from helpers.preset_profiles import PRESET_MICRO_BATCHES, arch_profile, preset_profile
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB
+from helpers.step_profile import StepProfile
 from helpers.validate import ArgTypeError, choice, number_in_range, positive_number
 
-__all__ = ["PRESET_MICRO_BATCHES", "PlanReport", "arch_profile", "cpu_threads_note", "margin_line",
-           "plan_model", "preset_profile", "reported_card_bytes"]
+__all__ = ["PlanReport", "cpu_threads_note", "margin_line", "plan_model", "reported_card_bytes"]
 
 
 def reported_card_bytes(budget_bytes: float) -> float:

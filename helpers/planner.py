@@ -28,28 +28,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from helpers.estimates import (
-    CAVEATS,
-    EIGHT_BIT,
-    FSDP,
-    MIXED_PRECISION,
-    PURE_BF16,
-    Estimate,
-    RemedyFloor,
-    popular_estimates,
-    remedy_floors,
-)
-from helpers.formulas import korthikanti_activation_bytes
-from helpers.memory_profile import MemoryProfile, fit_profile
+from helpers.memory_profile import MemoryProfile
 from helpers.plots import format_bytes
 from helpers.validate import positive_int, positive_number
 
 __all__ = [
-    "CAVEATS", "DECISION_RULE", "EIGHT_BIT", "FSDP", "GB", "MIXED_PRECISION", "PURE_BF16", "REMEDIES",
-    "RULE_COROLLARY", "RULE_REFINEMENTS",
-    "Estimate", "MemoryProfile", "NoPlanError", "Plan", "RemedyFloor", "decision_rule", "fit_profile",
-    "popular_estimates",
-    "korthikanti_activation_bytes", "recommend", "remedy_floors",
+    "DECISION_RULE", "GB", "REMEDIES", "RULE_COROLLARY", "RULE_REFINEMENTS", "NoPlanError", "Plan",
+    "decision_rule", "recommend",
 ]
 
 GB = 1e9  # the explainer speaks in decimal gigabytes

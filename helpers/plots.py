@@ -4,7 +4,7 @@
 calls it, and importing this module changes nothing. Figures are shown with
 `show(fig)`, which displays and then closes them, so a rerun cell neither leaks
 figures nor warns under a non-interactive backend (`MPLBACKEND=Agg`). Whether a figure reads
-well (`layout_problems`, `MIN_FONT_PT`) is checked by `helpers.plot_layout`, re-exported here.
+well (`layout_problems`, `MIN_FONT_PT`) is checked by `helpers.plot_layout`.
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from helpers.plot_layout import MIN_FONT_PT, layout_problems
+from helpers.plot_layout import layout_problems
 from helpers.validate import positive_int
 
 if TYPE_CHECKING:
     from helpers.update_memory import ConfigMemory
 
 __all__ = [
-    "BUDGET_LABEL", "COLORS", "MIN_FONT_PT", "PHASE_SHADES", "STYLE", "UNITS", "byte_column", "byte_unit",
-    "figure", "format_bytes", "layout_problems",
-    "phase_runs", "plain_ticks", "plot_measured_table", "show", "stacked_bars", "timeline", "use_style",
+    "BUDGET_LABEL", "COLORS", "PHASE_SHADES", "STYLE", "UNITS", "byte_column", "byte_unit", "figure",
+    "format_bytes", "phase_runs", "plain_ticks", "plot_measured_table", "show", "stacked_bars", "timeline",
+    "use_style",
 ]
 
 STYLE = {

@@ -6,7 +6,6 @@
   blocks; the peaks are exact at every micro-batch (`helpers.peak_envelope.EnvelopeProfile`).
 - `PRESET_MICRO_BATCHES`: the micro-batches the copies are profiled at.
 
-`helpers.plan_report` re-exports these names, where lesson 09 imports them.
 """
 
 from __future__ import annotations
@@ -14,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from helpers.architectures import ArchConfig, CausalLM
+from helpers.architectures import CausalLM
+from helpers.architectures_config import ArchConfig
 from helpers.memory_profile import MemoryProfile
 from helpers.meta_profile import BatchSpec, Profiler
 from helpers.peak_envelope import EnvelopeProfile, PeakEnvelope, envelopes

@@ -5,7 +5,7 @@
   parameter counts whatever the sequence length; `preset_spec(name, seq_len)`.
 - `load_factory("package.module:factory")`, `hf_factory(config.json)` (`helpers.hf_configs`: our own
   architecture for GPT-2 and Llama-family configs, Transformers for the others): any other model.
-- `example_classifier`: a small ConvNet to try `--model helpers.plan:example_classifier` with.
+- `example_classifier`: a small ConvNet to try `--model helpers.presets:example_classifier` with.
 - `parse_budget`: "24GB" (decimal: 24e9 bytes), "24 GiB" (binary: 24 x 2^30 bytes), "24e9" -> bytes.
 """
 
@@ -17,10 +17,11 @@ from collections.abc import Callable
 
 from torch import nn
 
-from helpers.architectures import RELEASED, ArchConfig, released
+from helpers.architectures import released
+from helpers.architectures_config import RELEASED, ArchConfig
 from helpers.hf_configs import HFModel, from_hf_config
 from helpers.meta_profile import BatchSpec
-from helpers.models import ConvNet
+from helpers.nets import ConvNet
 from helpers.validate import ArgTypeError, positive_number
 
 __all__ = [
@@ -136,5 +137,5 @@ def parse_budget(text: str | float) -> float:
 
 
 def example_classifier() -> nn.Module:
-    """A small ConvNet with BatchNorm, for trying `--model helpers.plan:example_classifier`."""
+    """A small ConvNet with BatchNorm, for trying `--model helpers.presets:example_classifier`."""
     return ConvNet(3, 32, 4, 10)

@@ -9,7 +9,6 @@
 - `_kill(pid)`: SIGKILL, ignoring a process that is already gone.
 - `pick_backend(w)`, `max_workers()`: gloo or NCCL for W workers, and how many the widget offers.
 
-`helpers.launcher` re-exports the public names.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import torch
 
 from helpers import accumulation as acc
-from helpers.claims import CLAIMS, Claim, Evidence, Lab
+from helpers.claim_lab import Lab
+from helpers.claims import CLAIMS, Claim
 from helpers.device import lesson_scale, memory_method, pick_device
 from helpers.display import markdown_table
 from helpers.display import progress as progress_bar
@@ -38,8 +39,8 @@ from helpers.plots import format_bytes
 from helpers.validate import choice
 
 __all__ = [
-    "CLAIMS", "Claim", "Evidence", "Lab", "Ledger", "Row", "evidence_table", "format_table", "main",
-    "readme_block", "run_check", "run_ledger", "to_markdown", "write_readme",
+    "Ledger", "Row", "evidence_table", "format_table", "main", "readme_block", "run_check", "run_ledger",
+    "to_markdown", "write_readme",
 ]
 
 

@@ -8,7 +8,6 @@
 - `segment_sizes(n, k)`: layers per segment, with the uneven last one; `divisors(n)`: the k that
   cut `n` layers evenly.
 
-`helpers.checkpointing` re-exports every name here.
 """
 
 from __future__ import annotations
@@ -20,8 +19,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
-from helpers.memory import MemoryTracker, measurable_model, saved_activation_bytes
-from helpers.models import MLPBlock
+from helpers.memory import measurable_model, saved_activation_bytes
+from helpers.nets import MLPBlock
+from helpers.tracker import MemoryTracker
 from helpers.validate import choice, int_in_range, positive_int
 
 __all__ = [

@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from helpers.checkpointing import blocks_of
-from helpers.memory import MemoryTracker, Timeline
 from helpers.phases import PhasePeaks, phase_peaks
+from helpers.timeline import Timeline
+from helpers.tracker import MemoryTracker
 
 __all__ = ["BLOCKS_DONE", "StepProfile"]
 

@@ -3,7 +3,6 @@
 `helpers.tracker.MemoryTracker` keeps one `_Record` per storage (its size, the op it was born
 at, the op it died at, its role or phase); `build_timeline` turns those records into a
 `Timeline`: live bytes per category (`CATEGORIES`) after each op, a pure function.
-`helpers.tracker` re-exports these names.
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ whole group first and divides the *summed* token loss of every micro-batch by
 that one count (what Hugging Face Transformers passes as `num_items_in_batch`).
 
 - Data (`variable_length_sequences`, `pad_sequences`, `split_micro_batches`) and losses
-  (`count_valid_tokens`, `micro_batch_loss`, `group_normalised_loss`): in `helpers.token_loss`,
-  re-exported here.
+  (`count_valid_tokens`, `micro_batch_loss`, `group_normalised_loss`): in `helpers.token_loss`.
 - The model: `tiny_lm` (from `tiny_lm_config`) and its warm-up, `pretrain`.
 - Measured steps: `full_batch_step`, `naive_step`, `fixed_step`.
 - Reports: `token_weighting_report` (one K, spread), `accumulation_report` (one B, K, spread).
@@ -35,37 +34,17 @@ from helpers.token_loss import (
     MicroBatch,
     Sample,
     count_valid_tokens,
-    group_normalised_loss,
     micro_batch_loss,
     pad_sequences,
-    sequence_lengths,
     split_micro_batches,
     variable_length_sequences,
 )
-from helpers.training import IGNORE_INDEX, lm_loss
+from helpers.training import lm_loss
 from helpers.validate import number_in_range, positive_int
 
 __all__ = [
-    "IGNORE_INDEX",
-    "MicroBatch",
-    "Sample",
-    "StepResult",
-    "TokenReport",
-    "accumulation_report",
-    "count_valid_tokens",
-    "fixed_step",
-    "full_batch_step",
-    "group_normalised_loss",
-    "micro_batch_loss",
-    "naive_step",
-    "pad_sequences",
-    "pretrain",
-    "sequence_lengths",
-    "split_micro_batches",
-    "tiny_lm",
-    "tiny_lm_config",
-    "token_weighting_report",
-    "variable_length_sequences",
+    "StepResult", "TokenReport", "accumulation_report", "fixed_step", "full_batch_step", "naive_step",
+    "pretrain", "tiny_lm", "tiny_lm_config", "token_weighting_report",
 ]
 
 # -- measured steps --------------------------------------------------------------------

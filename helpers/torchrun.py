@@ -13,8 +13,7 @@ gives (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) instead of s
 `python -m torch.distributed.run`: the script, its rendezvous and its results are the same, without
 importing torch W + 1 times. The real torchrun runs under `make test` and for learners.
 
-The rules the workers keep (no orphans, logs shown on failure) are in `helpers.processes`;
-`helpers.launcher` re-exports the public names.
+The rules the workers keep (no orphans, logs shown on failure) are in `helpers.processes`.
 """
 
 from __future__ import annotations
@@ -64,7 +63,7 @@ def _results_dir() -> Path:
     path = os.environ.get(RESULTS_ENV)
     if not path:
         raise RuntimeError(f"{RESULTS_ENV} is not set: start this script with "
-                           "helpers.launcher.run_torchrun")
+                           "helpers.torchrun.run_torchrun")
     return Path(path)
 
 

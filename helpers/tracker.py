@@ -2,7 +2,7 @@
 
 `MemoryTracker` is a `TorchDispatchMode` (an `OpObserver`, from `helpers.dispatch`): it sees
 every aten op, and so every tensor storage an op creates, and records when each storage is freed.
-`build_timeline` (in `helpers.timeline`, re-exported here) turns those lifetimes into live
+`build_timeline` (in `helpers.timeline`) turns those lifetimes into live
 bytes by category after every op. `helpers.memory`
 builds the lessons' measurements (`measure_step`, `saved_activation_bytes`, ...) on it.
 
@@ -68,10 +68,7 @@ from helpers.dispatch import OpObserver, _data_ptr, _freeze_gc, _storage_key, _u
 from helpers.held_outputs import output_tensors, saving_nodes
 from helpers.timeline import CATEGORIES, Timeline, _Record, build_timeline
 
-__all__ = [
-    "CATEGORIES", "KernelBuffers", "MemoryTracker", "OpObserver", "Timeline", "build_timeline",
-    "release_point", "tensors_in",
-]
+__all__ = ["KernelBuffers", "MemoryTracker", "release_point"]
 
 # kernel_buffers(func, args, kwargs, out) -> bytes the op allocates inside itself and frees before
 # returning, or (those bytes, bytes it leaves held until MemoryTracker.drop_held())

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from helpers.memory import Timeline, measurable_model
+from helpers.memory import measurable_model
+from helpers.timeline import Timeline
 from helpers.tracker import MemoryTracker
 from helpers.training import IGNORE_INDEX
 from helpers.validate import bool_arg, callable_arg, instance_arg, positive_int, tensor_arg

@@ -8,7 +8,7 @@
 - `breakdown_for(model, b)` and `activation_sweep(model, sizes)`: the peak's breakdown at
   several micro-batch sizes (lesson 01's sweep), an OOM shown as None.
 
-`helpers.phases` re-exports every name here; it measures an update phase by phase.
+`helpers.phases` measures an update phase by phase.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import torch
 from helpers.checkpointing import apply_ac
 from helpers.data import token_batch
 from helpers.memory import StepMemory, measure_step, run_or_oom
-from helpers.models import GPT, BlockWrapper, device_of
+from helpers.models import GPT
+from helpers.nets import BlockWrapper, device_of
 from helpers.tracker import release_point
 from helpers.training import lm_loss, make_optimizer
 from helpers.validate import int_at_least, positive_int

@@ -24,7 +24,7 @@ def _forked_pools() -> Iterator[None]:
     """Worker pools in these tests fork the imported torch (seconds saved per pool) unless
     LESSONS_POOL_START says otherwise. Only while a test module runs: notebooks that `make check`
     and `make test` run in the same session keep what the environment says (spawned pools)."""
-    from helpers.launcher import POOL_START_ENV
+    from helpers.processes import POOL_START_ENV
 
     unset = POOL_START_ENV not in os.environ
     if unset:

@@ -12,7 +12,8 @@ import torch
 from helpers import frameworks
 from helpers.accumulation import compare_grads
 from helpers.models import GPTConfig, seeded_gpt
-from helpers.tokens import count_valid_tokens, fixed_step, split_micro_batches, variable_length_sequences
+from helpers.token_loss import count_valid_tokens, split_micro_batches, variable_length_sequences
+from helpers.tokens import fixed_step
 from helpers.training import lm_loss
 
 CI = os.environ.get("CI", "").lower() == "true"
@@ -92,15 +93,15 @@ def test_a_live_trainer_that_stopped_on_its_last_batch_leaks_gradient_state(acce
     from accelerate import Accelerator
 
     frameworks.timed_import("transformers")
-    from helpers import hf
+    from helpers import hf, hf_models
 
     sizes = dict(vocab_size=48, hidden=24, layers=1, heads=2, max_len=10)
-    rows = hf.training_rows(variable_length_sequences(4, 10, 48, spread=0.5, seed=1))
+    rows = hf_models.training_rows(variable_length_sequences(4, 10, 48, spread=0.5, seed=1))
     accel.reset_gradient_state()
     import transformers
 
     trainer = hf.quiet(transformers.Trainer(
-        model=hf.causal_lm("llama", **sizes), train_dataset=rows, data_collator=hf.collate,
+        model=hf_models.causal_lm("llama", **sizes), train_dataset=rows, data_collator=hf_models.collate,
         args=hf.comparison_arguments(str(tmp_path), micro_batch=2, accumulation_steps=2, learning_rate=0.1)))
     trainer.train()  # max_steps=1 on exactly one update's rows: it stops on the loader's last batch
     state = accel.gradient_state()
@@ -128,7 +129,7 @@ def test_a_live_trainer_that_stopped_on_its_last_batch_leaks_gradient_state(acce
 def test_two_gloo_workers_all_reduce_once_per_update(accel, monkeypatch: pytest.MonkeyPatch) -> None:
     """About 10-20 s on 2 busy cores: each spawned worker imports torch, DDP and Accelerate."""
     from helpers.distributed import lesson_data, lesson_model, mse_loss
-    from helpers.launcher import POOL_START_ENV
+    from helpers.processes import POOL_START_ENV
 
     # Spawned even under `make unit`'s LESSONS_POOL_START=fork: a forked worker would inherit the
     # Accelerate state this process's other tests made, and Accelerate would not wrap the model in DDP.
@@ -159,7 +160,7 @@ def test_forked_workers_start_in_the_callers_thread(accel, monkeypatch: pytest.M
     so under `make check`): with LESSONS_POOL_START=fork the pool starts before start_workers returns."""
     import threading
 
-    from helpers import launcher
+    from helpers import launcher, processes
 
     started: list[threading.Thread] = []
 
@@ -171,8 +172,8 @@ def test_forked_workers_start_in_the_callers_thread(accel, monkeypatch: pytest.M
             pass
 
     monkeypatch.setattr(launcher, "WorkerPool", Pool)
-    monkeypatch.setenv(launcher.POOL_START_ENV, "fork")
+    monkeypatch.setenv(processes.POOL_START_ENV, "fork")
     assert accel.start_workers(2).done() and started == [threading.current_thread()]
-    monkeypatch.setenv(launcher.POOL_START_ENV, "spawn")
+    monkeypatch.setenv(processes.POOL_START_ENV, "spawn")
     accel.start_workers(2).result(timeout=30)
     assert len(started) == 2 and started[1] is not threading.current_thread()  # spawned: in the background

@@ -24,7 +24,8 @@ from helpers.accumulation import (
     weight_distance,
 )
 from helpers.data import image_batch, regression_batch, token_batch
-from helpers.models import GPT, ConvNet, GPTConfig, ResidualMLP
+from helpers.models import GPT, GPTConfig
+from helpers.nets import ConvNet, ResidualMLP
 from helpers.tokens import tiny_lm
 from helpers.training import lm_loss
 from helpers.validate import ArgTypeError

@@ -17,15 +17,8 @@ import pytest
 import torch
 
 from helpers import architectures_layers as layers
-from helpers.architectures import (
-    PUBLISHED_PARAMETERS,
-    RELEASED,
-    ArchConfig,
-    CausalLM,
-    block_activation_bytes,
-    param_count,
-    released,
-)
+from helpers.architectures import CausalLM, block_activation_bytes, released
+from helpers.architectures_config import PUBLISHED_PARAMETERS, RELEASED, ArchConfig, param_count
 from helpers.hf_configs import (
     copy_transformers_weights,
     hf_dict,

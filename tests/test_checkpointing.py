@@ -17,7 +17,8 @@ from helpers import costs
 from helpers.data import image_batch, token_batch
 from helpers.device import seed_everything
 from helpers.memory import new_live_bytes, saved_activation_bytes
-from helpers.models import GPT, ConvNet, GPTConfig
+from helpers.models import GPT, GPTConfig
+from helpers.nets import ConvNet
 from helpers.saved_tensors import attention_core_policy, save_matmul_outputs
 from helpers.training import lm_loss
 

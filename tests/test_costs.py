@@ -11,7 +11,8 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers import costs
 from helpers.data import regression_batch, token_batch
-from helpers.models import GPT, GPTConfig, ResidualMLP, explainer_model
+from helpers.models import GPT, GPTConfig, explainer_model
+from helpers.nets import ResidualMLP
 from helpers.training import lm_loss
 
 

@@ -20,15 +20,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers import plan as plan_command
-from helpers.architectures import ArchConfig
+from helpers.architectures_config import ArchConfig
 from helpers.checkpointing import apply_ac
 from helpers.hf_configs import HFModel, from_hf_config, hf_dict, transformers_missing
 from helpers.memory import measure_step
+from helpers.memory_profile import fit_profile
 from helpers.meta_profile import BatchSpec, Profiler
 from helpers.models import GPT, GPTConfig
 from helpers.phases import UpdateMeasurer, accumulate_update
 from helpers.plan_report import PlanReport, plan_model
-from helpers.planner import fit_profile, recommend
+from helpers.planner import recommend
 from helpers.training import lm_loss
 
 CFG = GPTConfig(vocab_size=700, seq_len=40, d_model=48, n_heads=4, n_layers=2, dropout=0.0,
@@ -184,9 +185,9 @@ def test_del_predictions_waits_for_a_loss_that_saved_them() -> None:
 
         return update
 
-    from helpers.memory import MemoryTracker, tracked_run
+    from helpers.memory import tracked_run
     from helpers.phases import phase_peaks
-    from helpers.tracker import release_point
+    from helpers.tracker import MemoryTracker, release_point
 
     def marked() -> None:
         opt.zero_grad(set_to_none=True)

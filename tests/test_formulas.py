@@ -19,7 +19,8 @@ from helpers.formulas import (
     linear_fit,
     predicted_update_peak_bytes,
 )
-from helpers.models import GPT, ConvNet, GPTConfig, ResidualMLP, explainer_config, explainer_model, seeded_gpt
+from helpers.models import GPT, GPTConfig, explainer_config, explainer_model, seeded_gpt
+from helpers.nets import ConvNet, ResidualMLP
 from helpers.training import lm_loss
 from helpers.update_memory import ConfigMemory, activation_sweep, measure_update
 

@@ -11,9 +11,9 @@ import os
 import pytest
 import torch
 
-from helpers import frameworks
+from helpers import frameworks, hf_models
 from helpers.accumulation import compare_grads
-from helpers.tokens import variable_length_sequences
+from helpers.token_loss import variable_length_sequences
 from helpers.training import IGNORE_INDEX
 
 CI = os.environ.get("CI", "").lower() == "true"
@@ -31,42 +31,42 @@ def hf():
 
 
 def _rows(hf, n: int, seed: int = 3) -> list[dict[str, torch.Tensor]]:
-    return hf.training_rows(variable_length_sequences(n, SIZES["max_len"], SIZES["vocab_size"], spread=0.8,
-                                                      seed=seed))
+    samples = variable_length_sequences(n, SIZES["max_len"], SIZES["vocab_size"], spread=0.8, seed=seed)
+    return hf_models.training_rows(samples)
 
 
 def test_collate_pads_each_micro_batch_and_labels_padding(hf) -> None:
     rows = [{"input_ids": torch.tensor([5, 6, 7])}, {"input_ids": torch.tensor([8])}]
-    batch = hf.collate(rows)
+    batch = hf_models.collate(rows)
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[5, 6, 7], [8, IGNORE_INDEX, IGNORE_INDEX]]
-    masked = hf.collate(rows, mask_first=True)["labels"]
+    masked = hf_models.collate(rows, mask_first=True)["labels"]
     assert masked[:, 0].tolist() == [IGNORE_INDEX, IGNORE_INDEX] and masked[0, 1:].tolist() == [6, 7]
-    assert hf.predicted_tokens([batch]) == 2 == int((masked != IGNORE_INDEX).sum())
+    assert hf_models.predicted_tokens([batch]) == 2 == int((masked != IGNORE_INDEX).sum())
     with pytest.raises(ValueError, match="rows is empty"):
-        hf.collate([])
+        hf_models.collate([])
     with pytest.raises(ValueError, match="micro_batch"):
-        hf.micro_batches(rows, 3)
+        hf_models.micro_batches(rows, 3)
 
 
 def test_models_come_from_configs_with_dropout_off(hf) -> None:
     state = torch.random.get_rng_state()
-    a, b = hf.causal_lm("gpt2", seed=1, **SIZES), hf.causal_lm("gpt2", seed=1, **SIZES)
+    a, b = hf_models.causal_lm("gpt2", seed=1, **SIZES), hf_models.causal_lm("gpt2", seed=1, **SIZES)
     assert torch.equal(torch.random.get_rng_state(), state)  # the caller's random stream is untouched
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
-    assert a.training and set(hf.dropout_settings(a).values()) == {0.0}
+    assert a.training and set(hf_models.dropout_settings(a).values()) == {0.0}
     assert not a.config.use_cache
     with pytest.raises(ValueError, match="kind='bert' is not allowed"):
-        hf.causal_lm_config("bert")
+        hf_models.causal_lm_config("bert")
     with pytest.raises(ValueError, match="divisible"):
-        hf.causal_lm_config("llama", hidden=10, heads=4)
+        hf_models.causal_lm_config("llama", hidden=10, heads=4)
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_the_switch_is_our_checkpoint_on_every_layer(hf, kind: str) -> None:
-    model = hf.causal_lm(kind, **SIZES)
-    batch = hf.micro_batches(_rows(hf, 3), 3)[0]
+    model = hf_models.causal_lm(kind, **SIZES)
+    batch = hf_models.micro_batches(_rows(hf, 3), 3)[0]
     plain, (loss0, g0) = hf.saved_bytes(model, batch), hf.loss_and_grad(model, batch)
     with hf.checkpointed_by_hand(model) as n:
         ours, (loss1, g1) = hf.saved_bytes(model, batch), hf.loss_and_grad(model, batch)
@@ -80,10 +80,10 @@ def test_the_switch_is_our_checkpoint_on_every_layer(hf, kind: str) -> None:
 
 
 def test_reentrant_trap_needs_the_input_grad_hook(hf) -> None:
-    batch = hf.micro_batches(_rows(hf, 2), 2)[0]
+    batch = hf_models.micro_batches(_rows(hf, 2), 2)[0]
     results = {}
     for reentrant in (False, True):
-        model = hf.causal_lm("llama", **SIZES)
+        model = hf_models.causal_lm("llama", **SIZES)
         model.get_input_embeddings().requires_grad_(False)
         hf.enable_checkpointing(model, reentrant=reentrant)
         model.disable_input_require_grads()
@@ -101,11 +101,11 @@ def test_reentrant_trap_needs_the_input_grad_hook(hf) -> None:
 def test_trainer_matches_the_group_token_count_loop(hf, tmp_path, kind: str, micro_batch: int, k: int,
                                                     mask_first: bool) -> None:
     rows = _rows(hf, micro_batch * k, seed=11)
-    loop = hf.causal_lm(kind, seed=2, **SIZES)
+    loop = hf_models.causal_lm(kind, seed=2, **SIZES)
     start = hf.snapshot(loop)
-    hf.group_token_step(loop, hf.micro_batches(rows, micro_batch, mask_first=mask_first))
+    hf.group_token_step(loop, hf_models.micro_batches(rows, micro_batch, mask_first=mask_first))
     torch.optim.SGD(loop.parameters(), lr=0.3).step()
-    update = hf.trainer_update(hf.causal_lm(kind, seed=2, **SIZES), rows, micro_batch=micro_batch,
+    update = hf.trainer_update(hf_models.causal_lm(kind, seed=2, **SIZES), rows, micro_batch=micro_batch,
                                accumulation_steps=k, learning_rate=0.3, output_dir=str(tmp_path),
                                mask_first=mask_first)
     diff = compare_grads(hf.parameter_change(loop, start), update)
@@ -114,17 +114,18 @@ def test_trainer_matches_the_group_token_count_loop(hf, tmp_path, kind: str, mic
 
 def test_gpt2_count_includes_each_rows_first_label_or_is_fixed(hf, tmp_path) -> None:
     rows = _rows(hf, 6, seed=12)
-    loop = hf.causal_lm("gpt2", **SIZES)
+    loop = hf_models.causal_lm("gpt2", **SIZES)
     start = hf.snapshot(loop)
-    group = hf.micro_batches(rows, 2)
+    group = hf_models.micro_batches(rows, 2)
     hf.group_token_step(loop, group)
     torch.optim.SGD(loop.parameters(), lr=0.3).step()
-    update = hf.trainer_update(hf.causal_lm("gpt2", **SIZES), rows, micro_batch=2, accumulation_steps=3,
-                               learning_rate=0.3, output_dir=str(tmp_path))
+    model = hf_models.causal_lm("gpt2", **SIZES)
+    update = hf.trainer_update(model, rows, micro_batch=2, accumulation_steps=3, learning_rate=0.3,
+                               output_dir=str(tmp_path))
     ratio = compare_grads(hf.parameter_change(loop, start), update).norm_ratio
     counted = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in group)
     # Transformers 5.24 counts every label for a model without a loss_type; a fixed release gives 1.
-    shifted = hf.predicted_tokens(group)
+    shifted = hf_models.predicted_tokens(group)
     assert ratio == pytest.approx(shifted / counted, rel=1e-5) or ratio == pytest.approx(1.0)
 
 
@@ -144,7 +145,7 @@ def test_comparison_arguments_switch_off_what_hides_the_comparison(hf, tmp_path)
 
 
 def test_parameter_change_checks_its_snapshot(hf) -> None:
-    model = hf.causal_lm("gpt2", **SIZES)
+    model = hf_models.causal_lm("gpt2", **SIZES)
     start = hf.snapshot(model)
     assert float(hf.parameter_change(model, start).abs().max()) == 0.0
     with pytest.raises(ValueError, match="start holds 1 tensors"):

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from helpers import hf_configs
-from helpers.architectures import PUBLISHED_PARAMETERS, RELEASED, ArchConfig
+from helpers.architectures_config import PUBLISHED_PARAMETERS, RELEASED, ArchConfig
 from helpers.hf_configs import arch_from_hf, from_hf_config, hf_dict, transformers_missing
 from helpers.meta_profile import Profiler
 

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from helpers import launcher as L
+from helpers import processes, torchrun
 
 
 def _alive(pid: int) -> bool:
@@ -64,11 +65,11 @@ def test_argument_checks() -> None:
     with pytest.raises(ValueError):
         L.WorkerPool(0)
     with pytest.raises(ValueError, match="does not exist"):
-        L.run_torchrun("/nonexistent/worker.py", 2)
+        torchrun.run_torchrun("/nonexistent/worker.py", 2)
 
 
 def test_pool_start_method_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(L.POOL_START_ENV, "threads")
+    monkeypatch.setenv(processes.POOL_START_ENV, "threads")
     with pytest.raises(ValueError, match=r"^LESSONS_POOL_START='threads' is not allowed.*'spawn', 'fork'"):
         L.WorkerPool(2)
 
@@ -85,7 +86,7 @@ def test_failing_worker_raises_promptly_with_rank_and_message_and_leaves_no_proc
     pool = L.WorkerPool(2, timeout_s=120)
     pids = pool.pids
     start = time.monotonic()
-    with pytest.raises(L.WorkerError, match="boom from rank 1") as info:
+    with pytest.raises(processes.WorkerError, match="boom from rank 1") as info:
         pool.run(_fail_on_rank_1)
     assert time.monotonic() - start < 15, "the parent must not wait for the timeout"
     assert info.value.rank == 1
@@ -110,7 +111,7 @@ def test_hanging_worker_times_out_and_is_killed() -> None:
 def test_crashed_worker_is_reported() -> None:
     pool = L.WorkerPool(2, timeout_s=120)
     pids = pool.pids
-    with pytest.raises(L.WorkerError, match="exited with code 3") as info:
+    with pytest.raises(processes.WorkerError, match="exited with code 3") as info:
         pool.run(_crash)
     assert info.value.rank == 0
     assert _wait_gone(pids) == []
@@ -161,18 +162,18 @@ def _worker_pids(script: Path, markers: Path) -> list[int]:
 @pytest.fixture(params=["spawn", "fork"])
 def start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways run_torchrun starts workers: the real torchrun, and forks with its environment."""
-    monkeypatch.setenv(L.POOL_START_ENV, request.param)
+    monkeypatch.setenv(processes.POOL_START_ENV, request.param)
     return request.param
 
 
 @pytest.mark.distributed
 def test_torchrun_results_and_failure(script: Path, tmp_path: Path, start: str) -> None:
-    results = L.run_torchrun(script, 2, "ok", str(tmp_path), timeout_s=180)
+    results = torchrun.run_torchrun(script, 2, "ok", str(tmp_path), timeout_s=180)
     parents = {r.pop("parent") for r in results}
     assert results == [{"rank": 0, "world": 2, "arg": "ok"}, {"rank": 1, "world": 2, "arg": "ok"}]
     assert (parents == {os.getpid()}) == (start == "fork")  # forks of this process, or torchrun's children
-    with pytest.raises(L.WorkerError, match="rank 1 lost its key") as info:
-        L.run_torchrun(script, 2, "fail", str(tmp_path), timeout_s=180)
+    with pytest.raises(processes.WorkerError, match="rank 1 lost its key") as info:
+        torchrun.run_torchrun(script, 2, "fail", str(tmp_path), timeout_s=180)
     assert info.value.rank == 1
     assert len(list(tmp_path.glob("started-*"))) == 2
     assert _wait_gone(_worker_pids(script, tmp_path)) == []
@@ -187,7 +188,7 @@ def test_torchrun_timeout_kills_everything(script: Path, tmp_path: Path, start: 
         markers = tmp_path / f"deadline-{timeout_s}"
         markers.mkdir()
         with pytest.raises(TimeoutError, match="did not finish"):
-            L.run_torchrun(script, 2, "hang", str(markers), timeout_s=timeout_s)
+            torchrun.run_torchrun(script, 2, "hang", str(markers), timeout_s=timeout_s)
         assert _wait_gone(_worker_pids(script, markers)) == []
         if len(list(markers.glob("started-*"))) == 2:
             break

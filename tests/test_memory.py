@@ -13,8 +13,6 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from helpers.data import token_batch
 from helpers.device import CPU_TRACKER, TENSOR_TRACKER
 from helpers.memory import (
-    CATEGORIES,
-    MemoryTracker,
     measure_step,
     micro_step_memory,
     new_live_bytes,
@@ -23,7 +21,10 @@ from helpers.memory import (
     saved_activation_bytes,
     tracker_method,
 )
-from helpers.models import GPT, GPTBlock, GPTConfig, ResidualMLP
+from helpers.models import GPT, GPTBlock, GPTConfig
+from helpers.nets import ResidualMLP
+from helpers.timeline import CATEGORIES
+from helpers.tracker import MemoryTracker
 from helpers.training import lm_loss
 
 

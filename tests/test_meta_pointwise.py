@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import helpers.dispatch
-from helpers.architectures import ArchConfig, CausalLM
+from helpers.architectures import CausalLM
+from helpers.architectures_config import ArchConfig
 from helpers.meta_pointwise import _BINARY, _UNARY, fast_pointwise
 from helpers.meta_profile import BatchSpec, Profiler
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.checkpointing import apply_ac
-from helpers.meta_profile import BatchSpec, Profiler, blocks_of
+from helpers.checkpointing import apply_ac, blocks_of
+from helpers.meta_profile import BatchSpec, Profiler
 from helpers.models import GPT, GPTConfig
 from helpers.target_kernels import cuda_kernel
 

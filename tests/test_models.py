@@ -7,15 +7,8 @@ import torch
 
 from helpers.data import image_batch, regression_batch, token_batch
 from helpers.device import SCALES
-from helpers.models import (
-    GPT,
-    ConvNet,
-    GPTConfig,
-    ResidualMLP,
-    explainer_config,
-    explainer_model,
-    seeded_gpt,
-)
+from helpers.models import GPT, GPTConfig, explainer_config, explainer_model, seeded_gpt
+from helpers.nets import ConvNet, ResidualMLP
 
 
 def test_models_run_and_are_deterministic() -> None:

@@ -10,7 +10,8 @@ from helpers import phases
 from helpers.accumulation import compare_grads, flat_grad, full_batch_grad
 from helpers.data import regression_batch, token_batch
 from helpers.lessons.lesson06 import lesson_model
-from helpers.models import GPTConfig, ResidualMLP, seeded_gpt
+from helpers.models import GPTConfig, seeded_gpt
+from helpers.nets import ResidualMLP
 from helpers.training import lm_loss
 
 CPU = torch.device("cpu")

@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import formulas, pitfalls
+from helpers import amp, formulas, pitfalls
 from helpers.accumulation import accumulated_grad, compare_grads, full_batch_grad
 from helpers.data import image_batch, regression_batch
 from helpers.lessons import lesson04
-from helpers.models import ConvNet, DropoutMLP, ResidualMLP
+from helpers.nets import ConvNet, DropoutMLP, ResidualMLP
 
 matplotlib.use("Agg")
 TINY = dict(width=4, depth=2, size=8)
@@ -120,8 +120,8 @@ def test_dropout_grads_match_a_seed_everything_run() -> None:
 
 
 def test_amp_orders_table() -> None:
-    assert pitfalls.AMP_ORDERS == ("correct", "unscale_each", "update_each", "unscale_update_each",
-                                   "clip_before_unscale")
+    assert amp.AMP_ORDERS == ("correct", "unscale_each", "update_each", "unscale_update_each",
+                              "clip_before_unscale")
 
 
 def test_dropout_mlp_eval_is_deterministic() -> None:
@@ -162,32 +162,32 @@ def _amp_setup() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
 
 def test_amp_correct_order_matches_float32() -> None:
     model, x, y = _amp_setup()
-    ref = pitfalls.amp_update(model, F.mse_loss, x, y, 4, amp=False)
-    out = pitfalls.amp_update(model, F.mse_loss, x, y, 4)
+    ref = amp.amp_update(model, F.mse_loss, x, y, 4, amp=False)
+    out = amp.amp_update(model, F.mse_loss, x, y, 4)
     assert out.error is None and not out.skipped
     assert compare_grads(ref.applied, out.applied).l2_rel < 3e-2
 
 
 def test_amp_wrong_orders_raise_or_shrink() -> None:
     model, x, y = _amp_setup()
-    ref = pitfalls.amp_update(model, F.mse_loss, x, y, 4, amp=False)
-    assert "already been called" in pitfalls.amp_update(
+    ref = amp.amp_update(model, F.mse_loss, x, y, 4, amp=False)
+    assert "already been called" in amp.amp_update(
         model, F.mse_loss, x, y, 4, order="unscale_each").error
-    assert "No inf checks" in pitfalls.amp_update(
+    assert "No inf checks" in amp.amp_update(
         model, F.mse_loss, x, y, 4, order="update_each").error
     for order in ("unscale_update_each", "clip_before_unscale"):
-        out = pitfalls.amp_update(model, F.mse_loss, x, y, 4, order=order)
+        out = amp.amp_update(model, F.mse_loss, x, y, 4, order=order)
         assert compare_grads(ref.applied, out.applied).norm_ratio < 1e-2, order
 
 
 def test_amp_dtype() -> None:
-    assert pitfalls.amp_dtype("cpu") == torch.float16
-    assert pitfalls.amp_dtype("cuda") == torch.float16
+    assert amp.amp_dtype("cpu") == torch.float16
+    assert amp.amp_dtype("cuda") == torch.float16
 
 
 def test_fp16_underflow_without_scaler() -> None:
     model, x, y = _amp_setup()
-    under = pitfalls.fp16_underflow(model, F.mse_loss, x, y, 4, loss_weight=1e-5)
+    under = amp.fp16_underflow(model, F.mse_loss, x, y, 4, loss_weight=1e-5)
     assert under.zeroed_plain >= 0.05 * under.nonzero, under
     assert under.zeroed_scaled <= 0.1 * under.zeroed_plain, under
     assert under.error_plain > 10 * under.error_scaled and under.scale == 2.0**16
@@ -195,8 +195,8 @@ def test_fp16_underflow_without_scaler() -> None:
 
 def test_clip_before_unscale_sees_the_scaled_norm() -> None:
     model, x, y = _amp_setup()
-    ref = pitfalls.amp_update(model, F.mse_loss, x, y, 4, amp=False)
-    out = pitfalls.amp_update(model, F.mse_loss, x, y, 4, order="clip_before_unscale")
+    ref = amp.amp_update(model, F.mse_loss, x, y, 4, amp=False)
+    out = amp.amp_update(model, F.mse_loss, x, y, 4, order="clip_before_unscale")
     assert out.scale == 2.0**10
     assert abs(out.clip_norm / (out.scale * ref.clip_norm) - 1) < 1e-2
     assert abs(out.applied.norm().item() * out.scale - 1.0) < 1e-2  # max_norm / S
@@ -237,16 +237,16 @@ def test_first_update_at_zero_counts_from_one() -> None:
         (lambda: pitfalls.lr_schedule(0), "accum_steps must be"),
         (lambda: pitfalls.lr_schedule(2, per="epoch"), "per='epoch'"),
         (lambda: pitfalls.lr_schedule(2, updates=8, warmup=8), "smaller than"),
-        (lambda: pitfalls.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
-                                     *regression_batch(4, 8), 2, order="late"), "order='late'"),
-        (lambda: pitfalls.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
-                                     *regression_batch(4, 8), 5), "larger than"),
-        (lambda: pitfalls.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
-                                     *regression_batch(4, 8), 2, max_norm=0.0), "max_norm"),
-        (lambda: pitfalls.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
-                                     *regression_batch(4, 8), 2, init_scale=-1.0), "init_scale"),
-        (lambda: pitfalls.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
-                                     *regression_batch(4, 8), 2, loss_weight=0.0), "loss_weight"),
+        (lambda: amp.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
+                                *regression_batch(4, 8), 2, order="late"), "order='late'"),
+        (lambda: amp.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
+                                *regression_batch(4, 8), 5), "larger than"),
+        (lambda: amp.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
+                                *regression_batch(4, 8), 2, max_norm=0.0), "max_norm"),
+        (lambda: amp.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
+                                *regression_batch(4, 8), 2, init_scale=-1.0), "init_scale"),
+        (lambda: amp.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
+                                *regression_batch(4, 8), 2, loss_weight=0.0), "loss_weight"),
         (lambda: lesson04.bn_error_by_steps(0, 4), "micro_batch must be"),
         (lambda: lesson04.lesson_sizes("huge"), "scale='huge'"),
         (lambda: formulas.convnet_activation_bytes(0, width=4, depth=1, size=4), "batch must be"),
@@ -264,8 +264,8 @@ def test_bad_arguments_raise_value_error(call, match: str) -> None:
         lambda: pitfalls.norm_error_curve("batch", batch=8.0),
         lambda: pitfalls.lr_schedule(True),
         lambda: DropoutMLP(4, 8, 1, p="0.5"),
-        lambda: pitfalls.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
-                                    *regression_batch(4, 8), 2, loss_weight=True),
+        lambda: amp.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
+                               *regression_batch(4, 8), 2, loss_weight=True),
     ],
 )
 def test_wrong_types_raise_type_error(call) -> None:
@@ -277,7 +277,7 @@ def test_wrong_types_raise_type_error(call) -> None:
 def test_amp_fp16_on_cuda() -> None:
     model, x, y = _amp_setup()
     model, x, y = model.cuda(), x.cuda(), y.cuda()
-    ref = pitfalls.amp_update(model, F.mse_loss, x, y, 4, amp=False)
-    out = pitfalls.amp_update(model, F.mse_loss, x, y, 4)
+    ref = amp.amp_update(model, F.mse_loss, x, y, 4, amp=False)
+    out = amp.amp_update(model, F.mse_loss, x, y, 4)
     assert out.error is None and not out.skipped
     assert compare_grads(ref.applied, out.applied).l2_rel < 1e-2

@@ -13,7 +13,7 @@ from helpers import plan
     (["--preset", "gpt5"], "unknown preset"),
     (["--model", "nowhere.at_all:f", "--input-shape", "3", "--num-classes", "2"], "cannot import"),
     (["--preset", "gpt2-small", "--budget", "lots"], "cannot parse budget"),
-    (["--model", "helpers.plan:example_classifier"], "describe the batch"),
+    (["--model", "helpers.presets:example_classifier"], "describe the batch"),
 ])
 def test_cli_errors_are_clear(argv: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
@@ -23,7 +23,7 @@ def test_cli_errors_are_clear(argv: list[str], msg: str, capsys: pytest.CaptureF
 
 
 def test_cli_json_for_a_classifier(capsys: pytest.CaptureFixture[str]) -> None:
-    assert plan.main(["--model", "helpers.plan:example_classifier", "--input-shape", "3,32,32",
+    assert plan.main(["--model", "helpers.presets:example_classifier", "--input-shape", "3,32,32",
                       "--num-classes", "10", "--budget", "20 MiB", "--effective-batch", "16", "--json",
                       "--target", "cpu"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -77,7 +77,8 @@ def test_a_preset_command_is_planned_once_and_nothing_else_is_kept(
         assert len(runs) == 1 and "json" not in runs[0] and runs[0]["budget"] == "8GiB"
         assert plan.main([*command[:-1], "4GiB"]) == 0 and plan.main([*command, "--precision", "bf16"]) == 0
         assert [r["budget"] for r in runs] == ["8GiB", "4GiB", "8GiB"] and runs[-1]["precision"] == "bf16"
-        model = ["--model", "helpers.plan:example_classifier", "--input-shape", "3,8,8", "--num-classes", "2"]
+        model = ["--model", "helpers.presets:example_classifier", "--input-shape", "3,8,8",
+                 "--num-classes", "2"]
         assert plan.main(model) == 0 and plan.main(model) == 0 and len(runs) == 5
         out = capsys.readouterr().out
         assert out.count("TABLE") == 5 and out.count('"plan": null') == 1

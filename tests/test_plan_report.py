@@ -8,19 +8,14 @@ import re
 
 import pytest
 
-from helpers import plan, planner
-from helpers.architectures import ArchConfig, CausalLM, param_count
+from helpers import estimates, plan
+from helpers.architectures import CausalLM
+from helpers.architectures_config import ArchConfig, param_count
 from helpers.memory_profile import MemoryProfile
 from helpers.meta_profile import BatchSpec, Profiler
 from helpers.peak_envelope import PeakEnvelope
-from helpers.plan_report import (
-    _count,
-    arch_profile,
-    margin_line,
-    plan_model,
-    preset_profile,
-    reported_card_bytes,
-)
+from helpers.plan_report import _count, margin_line, plan_model, reported_card_bytes
+from helpers.preset_profiles import arch_profile, preset_profile
 from helpers.presets import parse_budget, preset_spec
 
 # -- preset_profile: a 1- and a 2-block copy, exact at every micro-batch ------------------------------
@@ -131,8 +126,8 @@ def test_report_remedies_save_what_the_hand_count_says() -> None:
                              effective_batch=8, check=False)
     n = param_count(cfg)
     assert not any(name.startswith("mixed precision") for name in report.remedies)
-    assert report.remedies[planner.PURE_BF16] == pytest.approx(8 * n, rel=1e-3)
-    assert any(note.startswith(planner.MIXED_PRECISION) and "16 B/param" in note for note in report.notes)
+    assert report.remedies[estimates.PURE_BF16] == pytest.approx(8 * n, rel=1e-3)
+    assert any(note.startswith(estimates.MIXED_PRECISION) and "16 B/param" in note for note in report.notes)
 
 
 def test_plan_model_chooses_checkpointing_when_needed() -> None:

@@ -13,22 +13,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import formulas, planner
+from helpers import estimates, formulas, memory_profile, planner
 from helpers.data import regression_batch
 from helpers.memory import StepMemory, measure_step
-from helpers.models import GPTConfig, ResidualMLP
+from helpers.models import GPTConfig
+from helpers.nets import ResidualMLP
 from helpers.phases import PhaseMemory, measure_phases
 
 MiB = 2**20
 
 
-def _profile(**changes: float) -> planner.MemoryProfile:
+def _profile(**changes: float) -> memory_profile.MemoryProfile:
     """A hand-made profile: floor 100 MiB, 10 MiB per example, optimizer step at 110 MiB."""
     base = dict(floor_bytes=100 * MiB, gradient_bytes=25 * MiB, other_bytes=2 * MiB,
                 other_bytes_per_example=0.0, activation_bytes_per_example=10 * MiB,
                 activation_intercept_bytes=0.0, optimizer_peak_bytes=110 * MiB,
                 optimizer_bytes_per_example=0.0, method="cpu-tracker")
-    return planner.MemoryProfile(**{**base, **changes})
+    return memory_profile.MemoryProfile(**{**base, **changes})
 
 
 PLAIN = _profile()
@@ -63,7 +64,7 @@ def _mlp_measure(phases: bool):
 
 def test_fit_profile_predicts_held_out_sizes_of_an_mlp() -> None:
     measure = _mlp_measure(phases=True)
-    profile = planner.fit_profile(measure, (2, 4, 8))
+    profile = memory_profile.fit_profile(measure, (2, 4, 8))
     assert profile.method == "cpu-tracker" and profile.micro_batches == (2, 4, 8)
     assert profile.activation_bytes_per_example > 0
     for b in (3, 12):
@@ -74,22 +75,22 @@ def test_fit_profile_predicts_held_out_sizes_of_an_mlp() -> None:
 
 def test_fit_profile_from_plain_step_memory() -> None:
     measure = _mlp_measure(phases=False)
-    profile = planner.fit_profile(measure, (4, 8, 16))
+    profile = memory_profile.fit_profile(measure, (4, 8, 16))
     assert measure(12).peak_bytes == pytest.approx(profile.predict_peak(12), rel=0.10)
 
 
 def test_fit_profile_validates() -> None:
     measure = _mlp_measure(phases=True)
     with pytest.raises(ValueError, match="at least two distinct sizes"):
-        planner.fit_profile(measure, (4, 4))
+        memory_profile.fit_profile(measure, (4, 4))
     with pytest.raises(ValueError, match="positive int"):
-        planner.fit_profile(measure, (0, 2))
+        memory_profile.fit_profile(measure, (0, 2))
     with pytest.raises(TypeError):
-        planner.fit_profile(measure, (True, 2))
+        memory_profile.fit_profile(measure, (True, 2))
     with pytest.raises(TypeError, match="measure"):
-        planner.fit_profile(42, (1, 2))  # type: ignore[arg-type]
+        memory_profile.fit_profile(42, (1, 2))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="StepMemory"):
-        planner.fit_profile(lambda b: b, (1, 2))
+        memory_profile.fit_profile(lambda b: b, (1, 2))
 
 
 def test_fit_profile_needs_two_forward_peaks_from_plain_step_memory() -> None:
@@ -102,7 +103,7 @@ def test_fit_profile_needs_two_forward_peaks_from_plain_step_memory() -> None:
             self.floor_bytes = peak
 
     with pytest.raises(ValueError, match="peaked in the forward pass"):
-        planner.fit_profile(lambda b: Fake(100), (1, 2))
+        memory_profile.fit_profile(lambda b: Fake(100), (1, 2))
 
 
 # -- the profile's arithmetic ------------------------------------------------------------------
@@ -178,7 +179,7 @@ def test_recommend_validates(kwargs: dict, error: type, match: str) -> None:
 # -- estimators and remedies -------------------------------------------------------------------
 def test_popular_estimates() -> None:
     cfg = GPTConfig(vocab_size=1024, seq_len=16, d_model=32, n_heads=2, n_layers=2, dropout=0.0)
-    est = planner.popular_estimates(cfg, 1000, 4, 64_000, checkpointed=False, planner_bytes=60_000)
+    est = estimates.popular_estimates(cfg, 1000, 4, 64_000, checkpointed=False, planner_bytes=60_000)
     by = {e.name.split(" (")[0]: e for e in est}
     assert by["weights only"].predicted_bytes == 4000 and by["16 B/param"].predicted_bytes == 16_000
     assert by["18 B/param"].predicted_bytes == 18_000
@@ -191,17 +192,17 @@ def test_popular_estimates() -> None:
 
 
 def test_remedy_floors() -> None:
-    rows = {r.remedy: r for r in planner.remedy_floors(100, 100, 200, workers=(4,))}
+    rows = {r.remedy: r for r in estimates.remedy_floors(100, 100, 200, workers=(4,))}
     adam = rows["Adam, fp32 (measured)"]
     assert adam.floor_bytes == 400 and adam.saving_bytes == 0
     assert rows["SGD with momentum (one buffer)"].floor_bytes == 300
     assert rows["SGD, no momentum (no state)"].floor_bytes == 200
-    assert rows[planner.MIXED_PRECISION].floor_bytes == 400
-    assert rows[planner.PURE_BF16].floor_bytes == 200
+    assert rows[estimates.MIXED_PRECISION].floor_bytes == 400
+    assert rows[estimates.PURE_BF16].floor_bytes == 200
     assert rows["persistent state sharded over 4 workers (FSDP / ZeRO-3)"].floor_bytes == 100
     assert rows["optimizer state sharded over 4 workers (ZeRO-1)"].floor_bytes == 250
     with pytest.raises(ValueError, match="workers"):
-        planner.remedy_floors(100, 100, 200, workers=(0,))
+        estimates.remedy_floors(100, 100, 200, workers=(0,))
 
 
 # Bytes per parameter, counted by hand (issue 21): fp32 weights 4, gradients 4, Adam's two moments 8;
@@ -211,10 +212,10 @@ HAND_COUNTED = {
     "Adam, fp32 (measured)": 4 + 4 + 8,
     "SGD with momentum (one buffer)": 4 + 4 + 4,
     "SGD, no momentum (no state)": 4 + 4,
-    planner.MIXED_PRECISION: 4 + 4 + 8,
-    planner.PURE_BF16: 2 + 2 + 2 + 2,
+    estimates.MIXED_PRECISION: 4 + 4 + 8,
+    estimates.PURE_BF16: 2 + 2 + 2 + 2,
     "bf16 Adam state (fp32 weights and gradients)": 4 + 4 + 2 + 2,
-    planner.EIGHT_BIT: 4 + 4 + 1 + 1,
+    estimates.EIGHT_BIT: 4 + 4 + 1 + 1,
     "optimizer state offloaded to CPU": 4 + 4,
     "optimizer state sharded over 8 workers (ZeRO-1)": 4 + 4 + 8 / 8,
     "persistent state sharded over 8 workers (FSDP / ZeRO-3)": 16 / 8,
@@ -223,32 +224,34 @@ HAND_COUNTED = {
 
 def test_remedy_floors_against_hand_counted_bytes_per_parameter() -> None:
     n = 1_000_003  # parameters; the measured fp32 Adam floor is 4 + 4 + 8 bytes of each
-    rows = planner.remedy_floors(4 * n, 4 * n, 8 * n, workers=(8,))
+    rows = estimates.remedy_floors(4 * n, 4 * n, 8 * n, workers=(8,))
     assert {r.remedy: r.floor_bytes / n for r in rows} == pytest.approx(HAND_COUNTED)
     by = {r.remedy: r for r in rows}
-    assert by[planner.MIXED_PRECISION].saving_bytes == 0  # no saving on the floor
-    assert "16 B/param" in by[planner.MIXED_PRECISION].caveat
-    assert "4 (fp32 weights) + 4 (fp32 gradients) + 8" in by[planner.MIXED_PRECISION].caveat
-    assert "2 + 2" not in by[planner.MIXED_PRECISION].caveat  # no second breakdown of the same mode
-    assert "stochastic rounding" in by[planner.PURE_BF16].caveat and "Kahan" in by[planner.PURE_BF16].caveat
+    assert by[estimates.MIXED_PRECISION].saving_bytes == 0  # no saving on the floor
+    assert "16 B/param" in by[estimates.MIXED_PRECISION].caveat
+    assert "4 (fp32 weights) + 4 (fp32 gradients) + 8" in by[estimates.MIXED_PRECISION].caveat
+    assert "2 + 2" not in by[estimates.MIXED_PRECISION].caveat  # no second breakdown of the same mode
+    pure = by[estimates.PURE_BF16].caveat
+    assert "stochastic rounding" in pure and "Kahan" in pure
     fsdp = by["persistent state sharded over 8 workers (FSDP / ZeRO-3)"]
     assert "per-rank peak" in fsdp.caveat
     assert all(not r.caveat for r in rows if r.remedy.startswith(("Adam", "SGD", "optimizer")))
-    assert "estimate" in by[planner.EIGHT_BIT].remedy and "not a measurement" in by[planner.EIGHT_BIT].caveat
+    eight = by[estimates.EIGHT_BIT]
+    assert "estimate" in eight.remedy and "not a measurement" in eight.caveat
 
 
 def test_remedy_rows_follow_the_precision_mode() -> None:
     """bf16 mixed precision measures fp32 state: the same rows, the mixed row keeps all of it
     (16 B/param, no saving). Pure bf16 measures 2 + 2 + 4: no precision row applies."""
     n = 1000
-    mixed = {r.remedy: r for r in planner.remedy_floors(4 * n, 4 * n, 8 * n, precision="bf16")}
-    assert mixed[planner.MIXED_PRECISION].floor_bytes == 16 * n
+    mixed = {r.remedy: r for r in estimates.remedy_floors(4 * n, 4 * n, 8 * n, precision="bf16")}
+    assert mixed[estimates.MIXED_PRECISION].floor_bytes == 16 * n
     assert "Adam, bf16 mixed precision (measured)" in mixed
-    pure = {r.remedy: r for r in planner.remedy_floors(2 * n, 2 * n, 4 * n, precision="pure-bf16")}
-    assert planner.MIXED_PRECISION not in pure and planner.PURE_BF16 not in pure
+    pure = {r.remedy: r for r in estimates.remedy_floors(2 * n, 2 * n, 4 * n, precision="pure-bf16")}
+    assert estimates.MIXED_PRECISION not in pure and estimates.PURE_BF16 not in pure
     assert pure["Adam, pure bf16 (measured)"].floor_bytes == 8 * n
     with pytest.raises(ValueError, match="precision"):
-        planner.remedy_floors(1, 1, 1, precision="fp8")
+        estimates.remedy_floors(1, 1, 1, precision="fp8")
 
 
 # -- killing the survivors of the mutation run (issue 16) --------------------------------------
@@ -294,7 +297,7 @@ def test_fit_profile_default_sizes_and_the_binding_sizes_of_a_phase_memory() -> 
         calls.append(b)
         return _phases(b)
 
-    profile = planner.fit_profile(measure)
+    profile = memory_profile.fit_profile(measure)
     assert calls == [1, 2, 4] and profile.micro_batches == (1, 2, 4) and profile.label == ""
     assert profile.activation_bytes_per_example == pytest.approx(800)
     assert profile.activation_intercept_bytes == pytest.approx(400)
@@ -307,7 +310,7 @@ def test_fit_profile_default_sizes_and_the_binding_sizes_of_a_phase_memory() -> 
 
 
 def test_fit_profile_with_exactly_two_sizes_fits_both_lines() -> None:
-    profile = planner.fit_profile(_phases, (2, 4), label="two")
+    profile = memory_profile.fit_profile(_phases, (2, 4), label="two")
     assert profile.activation_bytes_per_example == pytest.approx(800)
     assert profile.optimizer_bytes_per_example == pytest.approx(200)  # a line through 6400 and 6800
     assert profile.optimizer_peak_bytes == pytest.approx(6000)
@@ -316,7 +319,7 @@ def test_fit_profile_with_exactly_two_sizes_fits_both_lines() -> None:
 
 def test_fit_profile_reads_an_optimizer_peak_from_step_memory() -> None:
     """b = 1 holds almost no activations: it is the optimizer step's peak, a constant 6200."""
-    profile = planner.fit_profile(_step, (1, 2, 4))
+    profile = memory_profile.fit_profile(_step, (1, 2, 4))
     assert profile.optimizer_peak_bytes == 6200 and profile.optimizer_bytes_per_example == 0
     assert profile.activation_bytes_per_example == pytest.approx(800)
     assert profile.activation_intercept_bytes == pytest.approx(400)
@@ -324,14 +327,14 @@ def test_fit_profile_reads_an_optimizer_peak_from_step_memory() -> None:
 
 
 def test_fit_profile_without_an_optimizer_peak_from_step_memory() -> None:
-    profile = planner.fit_profile(_step, (2, 4))
+    profile = memory_profile.fit_profile(_step, (2, 4))
     assert profile.optimizer_peak_bytes == 0 and profile.optimizer_bytes_per_example == 0
     assert profile.predict_peak(8) == 4600 + 900 * 8
 
 
 def test_fit_profile_with_mixed_step_and_phase_memory() -> None:
     """A StepMemory that peaks in the forward pass binds there; b = 1 (a PhaseMemory) does not."""
-    profile = planner.fit_profile(lambda b: _phases(b) if b == 1 else _step(b), (1, 2, 4))
+    profile = memory_profile.fit_profile(lambda b: _phases(b) if b == 1 else _step(b), (1, 2, 4))
     assert profile.activation_bytes_per_example == pytest.approx(800)
     assert profile.activation_intercept_bytes == pytest.approx(400)
     assert profile.optimizer_peak_bytes == 6200
@@ -340,9 +343,9 @@ def test_fit_profile_with_mixed_step_and_phase_memory() -> None:
 def test_fit_profile_checks_that_the_floor_stays_put() -> None:
     # 2% more optimizer state at b = 2: a different model or optimizer
     with pytest.raises(ValueError, match="floor changed"):
-        planner.fit_profile(lambda b: _phases(b, 2000 + 80 * (b == 2)), (1, 2, 4))
+        memory_profile.fit_profile(lambda b: _phases(b, 2000 + 80 * (b == 2)), (1, 2, 4))
     # 0.5% is measurement noise
-    profile = planner.fit_profile(lambda b: _phases(b, 2000 + 20 * (b == 2)), (1, 2, 4))
+    profile = memory_profile.fit_profile(lambda b: _phases(b, 2000 + 20 * (b == 2)), (1, 2, 4))
     assert profile.floor_bytes == 4020
 
 
@@ -351,12 +354,12 @@ def test_fit_profile_refuses_a_result_without_peak_bytes() -> None:
         breakdown = _forward(2)
 
     with pytest.raises(TypeError, match="StepMemory or PhaseMemory"):
-        planner.fit_profile(lambda b: BreakdownOnly(), (1, 2))
+        memory_profile.fit_profile(lambda b: BreakdownOnly(), (1, 2))
 
 
 def test_fit_profile_names_micro_batches_in_its_error() -> None:
     with pytest.raises(ValueError, match=r"^micro_batches\[i\] must"):
-        planner.fit_profile(_phases, (0, 2))
+        memory_profile.fit_profile(_phases, (0, 2))
 
 
 def test_profile_per_example_terms_and_defaults() -> None:
@@ -386,18 +389,18 @@ def test_crossover_where_the_phase_peaks_meet() -> None:
     assert with_intercept.crossover == pytest.approx(3.0)  # 106 + 10 b = 136
     assert with_intercept.forward_peak(3) == with_intercept.optimizer_peak(3)
     assert _profile(activation_bytes_per_example=0.0).crossover == math.inf  # both flat
-    slow = planner.MemoryProfile(floor_bytes=100, gradient_bytes=0, other_bytes=0.0,
-                                 other_bytes_per_example=0.0, activation_bytes_per_example=0.5,
-                                 activation_intercept_bytes=0.0, optimizer_peak_bytes=101.0,
-                                 optimizer_bytes_per_example=0.0, method="cpu-tracker")
+    slow = memory_profile.MemoryProfile(
+        floor_bytes=100, gradient_bytes=0, other_bytes=0.0, other_bytes_per_example=0.0,
+        activation_bytes_per_example=0.5, activation_intercept_bytes=0.0, optimizer_peak_bytes=101.0,
+        optimizer_bytes_per_example=0.0, method="cpu-tracker")
     assert slow.crossover == pytest.approx(2.0)  # 100 + b / 2 = 101 at b = 2
 
 
 @pytest.mark.parametrize("obj", [
     PLAIN,
     planner.Plan(4, 8, False, 1, "r"),
-    planner.Estimate("e", 1.0, 1, "x"),
-    planner.RemedyFloor("r", 1.0, 0.0),
+    estimates.Estimate("e", 1.0, 1, "x"),
+    estimates.RemedyFloor("r", 1.0, 0.0),
 ], ids=lambda o: type(o).__name__)
 def test_result_objects_are_frozen(obj: object) -> None:
     name = next(iter(vars(obj)))
@@ -487,11 +490,11 @@ def test_korthikanti_estimate_by_hand() -> None:
     dropout = GPTConfig(seq_len=s, d_model=h, n_heads=a, n_layers=n, dropout=0.1)
     assert formulas.korthikanti_activation_bytes(no_dropout, b, recompute=False) == n * (64 * sbh + 4 * as2b)
     assert formulas.korthikanti_activation_bytes(dropout, b, recompute=False) == n * (66 * sbh + 9 * as2b)
-    est = {e.name: e for e in planner.popular_estimates(no_dropout, 1000, b, 100_000, checkpointed=False)}
+    est = {e.name: e for e in estimates.popular_estimates(no_dropout, 1000, b, 100_000, checkpointed=False)}
     korth = est["16 B/param + Korthikanti (sbh(34 + 5as/h) per layer)"]
     assert korth.predicted_bytes == 16_000 + 3 * 17_408
     assert korth.leaves_out.endswith("the gradient of the logits, optimizer temporaries")
-    est = {e.name: e for e in planner.popular_estimates(no_dropout, 1000, b, 100_000, checkpointed=True)}
+    est = {e.name: e for e in estimates.popular_estimates(no_dropout, 1000, b, 100_000, checkpointed=True)}
     korth = est["16 B/param + Korthikanti (full recompute, 2sbh per layer)"]
     assert korth.predicted_bytes == 16_000 + n * 4 * sbh
     assert korth.leaves_out.endswith(
@@ -499,15 +502,15 @@ def test_korthikanti_estimate_by_hand() -> None:
 
 
 def test_remedy_floors_default_workers_and_every_row() -> None:
-    rows = {r.remedy: r.floor_bytes for r in planner.remedy_floors(100, 100, 200)}
+    rows = {r.remedy: r.floor_bytes for r in estimates.remedy_floors(100, 100, 200)}
     assert rows == {
         "Adam, fp32 (measured)": 400,
         "SGD with momentum (one buffer)": 300,
         "SGD, no momentum (no state)": 200,
-        planner.MIXED_PRECISION: 400,
-        planner.PURE_BF16: 200,
+        estimates.MIXED_PRECISION: 400,
+        estimates.PURE_BF16: 200,
         "bf16 Adam state (fp32 weights and gradients)": 300,
-        planner.EIGHT_BIT: 250,
+        estimates.EIGHT_BIT: 250,
         "optimizer state offloaded to CPU": 200,
         "optimizer state sharded over 2 workers (ZeRO-1)": 300,
         "persistent state sharded over 2 workers (FSDP / ZeRO-3)": 200,
@@ -521,9 +524,9 @@ def test_remedy_floors_default_workers_and_every_row() -> None:
 ])
 def test_remedy_floors_names_the_bad_argument(args: tuple[int, int, int], name: str) -> None:
     with pytest.raises(ValueError, match=f"^{name} must"):
-        planner.remedy_floors(*args)
+        estimates.remedy_floors(*args)
     with pytest.raises(ValueError, match=r"^workers\[i\] must"):
-        planner.remedy_floors(100, 100, 200, workers=(2, 0))
+        estimates.remedy_floors(100, 100, 200, workers=(2, 0))
 
 
 def test_gb_is_decimal() -> None:
@@ -583,10 +586,11 @@ def test_k1_forward_peak_follows_the_accumulation_line_less_the_gradients() -> N
     one-step line says 1,700. The larger, 5,700, is the K = 1 peak (the fix; before it, 1,700). At
     b = 2: 1,200 - 300 = 900, the floor 1,000, the one-step line 1,220: the one-step line holds.
     """
-    p = planner.MemoryProfile(floor_bytes=1000, gradient_bytes=300, other_bytes=0, other_bytes_per_example=0,
-                              activation_bytes_per_example=100, activation_intercept_bytes=0,
-                              optimizer_peak_bytes=1100, optimizer_bytes_per_example=0, method="hand",
-                              single_step_bytes=1200, single_step_bytes_per_example=10)
+    p = memory_profile.MemoryProfile(
+        floor_bytes=1000, gradient_bytes=300, other_bytes=0, other_bytes_per_example=0,
+        activation_bytes_per_example=100, activation_intercept_bytes=0, optimizer_peak_bytes=1100,
+        optimizer_bytes_per_example=0, method="hand", single_step_bytes=1200,
+        single_step_bytes_per_example=10)
     assert p.forward_peak(50, accumulation_steps=2) == 6000
     assert p.forward_peak(50, accumulation_steps=1) == 5700
     assert p.forward_peak(2, accumulation_steps=1) == 1220

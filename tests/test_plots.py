@@ -129,11 +129,11 @@ def test_plain_ticks_writes_log_ticks_as_plain_numbers() -> None:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     lin.plot([1, 2], [1, 2])
-    assert any("power" in p for p in plots.layout_problems(fig))  # matplotlib's default: 2^{n}, 10^{n}
+    assert any("power" in p for p in plot_layout.layout_problems(fig))  # matplotlib's default: 2^{n}, 10^{n}
     plots.plain_ticks(ax)
     plots.plain_ticks(lin)  # a linear axis is left alone
     fig.tight_layout()
-    assert not [p for p in plots.layout_problems(fig) if "power" in p]
+    assert not [p for p in plot_layout.layout_problems(fig) if "power" in p]
     assert [t.get_text() for t in plot_layout._drawn_ticks(ax.xaxis)] == ["1", "2", "4", "8", "16", "32"]  # noqa: SLF001
     assert "0.01" in [t.get_text() for t in plot_layout._drawn_ticks(ax.yaxis)]  # noqa: SLF001
     with pytest.raises(ValueError, match="axis"):

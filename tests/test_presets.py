@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from helpers import plan
-from helpers.architectures import RELEASED
+from helpers import presets
+from helpers.architectures_config import RELEASED
 from helpers.hf_configs import hf_dict
 from helpers.presets import example_classifier, hf_factory, load_factory, parse_budget
 
@@ -30,7 +30,8 @@ def test_parse_budget_refuses(text: str) -> None:
 
 
 def test_load_factory_errors() -> None:
-    assert load_factory("helpers.plan:example_classifier") is plan.example_classifier is example_classifier
+    found = load_factory("helpers.presets:example_classifier")
+    assert found is presets.example_classifier is example_classifier
     for bad, msg in [("helpers.plan", "package.module:factory"), ("no_such_pkg.mod:f", "cannot import"),
                      ("helpers.plan:nope", "no attribute"), ("helpers.presets:GB", "not callable")]:
         with pytest.raises(ValueError, match=msg):

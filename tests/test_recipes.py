@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import frameworks
+from helpers import frameworks, hf_models
 
 ROOT = Path(__file__).resolve().parent.parent
 CI = os.environ.get("CI", "").lower() == "true"
@@ -117,7 +117,7 @@ def _program(kind: str, code: str) -> str:
 def _train_one_update(hf, args: object, model: object, tmp_path: Path) -> None:
     import transformers
 
-    from helpers.tokens import variable_length_sequences
+    from helpers.token_loss import variable_length_sequences
 
     if not args.activation_checkpointing and args.activation_checkpointing_kwargs:
         args = dataclasses.replace(args, activation_checkpointing=True)  # a kwargs fragment shown alone
@@ -125,10 +125,10 @@ def _train_one_update(hf, args: object, model: object, tmp_path: Path) -> None:
     args = dataclasses.replace(args, output_dir=str(tmp_path / "out"), max_steps=1, use_cpu=True,
                                report_to="none", save_strategy="no", logging_strategy="no",
                                disable_tqdm=True, dataloader_num_workers=0)
-    rows = hf.training_rows(variable_length_sequences(batch * k, SIZES["max_len"], SIZES["vocab_size"],
-                                                      spread=0.5, seed=1))
+    samples = variable_length_sequences(batch * k, SIZES["max_len"], SIZES["vocab_size"], spread=0.5, seed=1)
+    rows = hf_models.training_rows(samples)
     trainer = hf.quiet(transformers.Trainer(model=model, args=args, train_dataset=rows,
-                                            data_collator=hf.collate))
+                                            data_collator=hf_models.collate))
     trainer.train()
     assert trainer.state.global_step == 1
     assert model.is_activation_checkpointing == bool(args.activation_checkpointing)
@@ -143,7 +143,7 @@ def test_every_recipe_runs_as_shown(hf, where: str, kind: str, code: str, tmp_pa
     if not program:
         pytest.skip(f"{code!r} is a name, not a recipe")
     monkeypatch.chdir(tmp_path)  # a recipe's output_dir, if it names one, lands in the scratch folder
-    model = hf.causal_lm("llama", **SIZES)
+    model = hf_models.causal_lm("llama", **SIZES)
     scope = {"model": model, "_policy": _policy}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -151,7 +151,7 @@ def test_every_recipe_runs_as_shown(hf, where: str, kind: str, code: str, tmp_pa
         if "args" in scope:
             _train_one_update(hf, scope["args"], model, tmp_path)
         elif model.is_activation_checkpointing:  # the switch thrown on the model: one forward and backward
-            hf.loss_and_grad(model, hf.collate(hf.training_rows(_samples())))
+            hf.loss_and_grad(model, hf_models.collate(hf_models.training_rows(_samples())))
     deprecations = [str(w.message) for w in caught if KNOB.search(str(w.message))
                     and issubclass(w.category, (FutureWarning, DeprecationWarning))]
     if not OLD_NAMES.search(code):
@@ -159,7 +159,7 @@ def test_every_recipe_runs_as_shown(hf, where: str, kind: str, code: str, tmp_pa
 
 
 def _samples() -> list:
-    from helpers.tokens import variable_length_sequences
+    from helpers.token_loss import variable_length_sequences
 
     return variable_length_sequences(4, SIZES["max_len"], SIZES["vocab_size"], spread=0.5, seed=2)
 
@@ -188,7 +188,7 @@ def _warnings_of(fn: object) -> list[warnings.WarningMessage]:
 def test_the_names_taught_as_current_raise_no_deprecation_warning(hf, tmp_path: Path) -> None:
     import transformers
 
-    model = hf.causal_lm("llama", **SIZES)
+    model = hf_models.causal_lm("llama", **SIZES)
 
     def current() -> None:
         transformers.TrainingArguments(output_dir=str(tmp_path), activation_checkpointing=True,
@@ -203,7 +203,7 @@ def test_the_names_taught_as_current_raise_no_deprecation_warning(hf, tmp_path: 
 def test_the_old_names_warn_and_name_their_successors(hf, tmp_path: Path) -> None:
     import transformers
 
-    model = hf.causal_lm("llama", **SIZES)
+    model = hf_models.causal_lm("llama", **SIZES)
     args = _warnings_of(lambda: transformers.TrainingArguments(
         output_dir=str(tmp_path), gradient_checkpointing=True,
         gradient_checkpointing_kwargs={"use_reentrant": False}))

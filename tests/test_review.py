@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import review
-from helpers.review import Claim, Evidence
+from helpers import claim_lab, claims, review
+from helpers.claim_lab import Evidence
+from helpers.claims import Claim
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,7 +18,7 @@ def _claim(cid: str, run, needs: str = "") -> Claim:  # noqa: ANN001
     return Claim(cid, f"claim {cid}", "03 §2", "a fake check", run, needs=needs)
 
 
-def _boom(lab: review.Lab) -> Evidence:
+def _boom(lab: claim_lab.Lab) -> Evidence:
     raise RuntimeError("the instrument broke")
 
 
@@ -82,11 +83,11 @@ def test_real_claims_subset_pass_here() -> None:
 
 
 def test_claims_are_distinct_and_cite_a_lesson_that_exists() -> None:
-    ids = [c.id for c in review.CLAIMS]
+    ids = [c.id for c in claims.CLAIMS]
     assert len(ids) >= 20 and len(set(ids)) == len(ids)
-    assert len({c.text for c in review.CLAIMS}) == len(ids)
+    assert len({c.text for c in claims.CLAIMS}) == len(ids)
     notebooks = {p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
-    for c in review.CLAIMS:
+    for c in claims.CLAIMS:
         assert c.lesson[:2] in notebooks, (c.id, c.lesson)
         assert "§" in c.lesson, (c.id, c.lesson)
 
@@ -104,7 +105,7 @@ def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
     from helpers.training import lm_loss
 
     (c11,) = [c for c in CLAIMS if c.id == "C11"]
-    lab = review.Lab(torch.device("cpu"), scale="tiny")
+    lab = claim_lab.Lab(torch.device("cpu"), scale="tiny")
     wide = seeded_gpt(GPTConfig(vocab_size=4096, seq_len=16, d_model=16, n_heads=2, n_layers=1, dropout=0.0),
                       "cpu")
     lab.cache["lesson_model 02"] = wide  # stands in for lesson 02's model
@@ -125,17 +126,17 @@ def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
 def test_headline_claims_run_on_the_lessons_own_models(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ledger reports the lessons' numbers: C09/C11 on lesson 02's GPT, C08/C25 on 01's (issue 21)."""
     monkeypatch.delenv("LESSONS_SCALE", raising=False)  # `make check` runs beside the tiny notebooks
-    from helpers.claims import LESSON_MODEL_CLAIMS
+    from helpers.claim_lab import LESSON_MODEL_CLAIMS
     from helpers.models import deep_gpt_setup as gpt_setup
     from helpers.models import explainer_config
 
-    lab = review.Lab(torch.device("cpu"), scale="tiny")
+    lab = claim_lab.Lab(torch.device("cpu"), scale="tiny")
     assert lab.lesson_model("01").cfg == explainer_config("tiny")
     assert lab.lesson_model("01") is lab.lesson_model("01")  # built once per ledger run
     assert lab.lesson_model("02").cfg == gpt_setup("tiny")[0]
     with pytest.raises(ValueError, match="lesson"):
         lab.lesson_model("06")
-    assert review.Lab(torch.device("cpu")).scale == "small"  # the CPU's lesson scale
+    assert claim_lab.Lab(torch.device("cpu")).scale == "small"  # the CPU's lesson scale
     assert LESSON_MODEL_CLAIMS == {"C08": "01", "C09": "02", "C11": "02", "C25": "01"}
     ledger = review.run_ledger(list(LESSON_MODEL_CLAIMS), progress=False)
     assert ledger.passed, review.format_table(ledger)
@@ -154,7 +155,7 @@ def _headings(notebook: Path) -> list[str]:
 def test_each_claim_cites_a_section_that_exists() -> None:
     import re
 
-    for c in review.CLAIMS:
+    for c in claims.CLAIMS:
         number, section = c.lesson.split(" §")
         (notebook,) = (ROOT / "notebooks").glob(f"{number}_*.ipynb")
         pattern = re.compile(rf"^###? {section}\s*[.·]")  # a folded section is a ### under Going deeper
@@ -165,5 +166,5 @@ def test_readme_key_figures_come_from_the_ledger() -> None:
     text = (ROOT / "README.md").read_text()
     block = text.split(review.README_START, 1)[1].split(review.README_END, 1)[0]
     assert "python -m helpers.review --readme README.md" in block
-    for c in review.CLAIMS:
+    for c in claims.CLAIMS:
         assert f"| {c.id} | {c.text} | {c.lesson} |" in block, c.id

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from helpers import plan
-from helpers.architectures import RELEASED, CausalLM
-from helpers.meta_profile import GPUS, BatchSpec, Profiler, cuda_kernel
+from helpers.architectures import CausalLM
+from helpers.architectures_config import RELEASED
+from helpers.meta_profile import BatchSpec, Profiler
+from helpers.target_kernels import GPUS, cuda_kernel
 
 FLASH, EFFICIENT, MATH = 1, 2, 0
 

@@ -10,24 +10,26 @@ import torch.nn.functional as F
 
 from helpers import tokens
 from helpers.accumulation import compare_grads
-from helpers.tokens import (
-    IGNORE_INDEX,
-    accumulation_report,
+from helpers.token_loss import (
     count_valid_tokens,
-    fixed_step,
-    full_batch_step,
     group_normalised_loss,
     micro_batch_loss,
-    naive_step,
     pad_sequences,
-    pretrain,
     sequence_lengths,
     split_micro_batches,
+    variable_length_sequences,
+)
+from helpers.tokens import (
+    accumulation_report,
+    fixed_step,
+    full_batch_step,
+    naive_step,
+    pretrain,
     tiny_lm,
     tiny_lm_config,
     token_weighting_report,
-    variable_length_sequences,
 )
+from helpers.training import IGNORE_INDEX
 
 V, L = 16, 12
 

@@ -320,7 +320,7 @@ def test_watch_counts_a_tensor_made_outside_any_op_on_any_device() -> None:
 
 
 def test_op_observer_sees_each_op_after_it_ran() -> None:
-    from helpers.tracker import OpObserver
+    from helpers.dispatch import OpObserver
 
     class Seen(OpObserver):
         def __init__(self) -> None:

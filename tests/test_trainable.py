@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import planner
-from helpers.architectures import RELEASED, CausalLM
+from helpers import estimates
+from helpers.architectures import CausalLM
+from helpers.architectures_config import RELEASED
 from helpers.hf_configs import from_hf_config, hf_dict
 from helpers.meta_profile import PURE_BF16_WARNING, BatchSpec, Profiler
 from helpers.plan_report import plan_model
@@ -47,7 +48,7 @@ def test_report_prints_the_floor_per_parameter_and_the_pure_bf16_warning() -> No
         assert f"{per_param}.0" in text.split("bytes per parameter")[0].split("floor")[-1]
         assert (PURE_BF16_WARNING in text) == (precision == "pure-bf16")
         if precision == "bf16":  # a bf16 row never drops the fp32 master copy: no saving to show
-            assert not any(k.startswith(planner.MIXED_PRECISION) for k in report.remedies)
+            assert not any(k.startswith(estimates.MIXED_PRECISION) for k in report.remedies)
         else:  # already 16-bit: no precision row applies
             assert not any("bf16" in k for k in report.remedies)
 

@@ -36,7 +36,8 @@ from helpers.device import by_scale
 from helpers.formulas import gpt_activation_bytes, gpt_param_count
 from helpers.lessons import verdict
 from helpers.memory import MicroStepMemory, micro_step_memory, run_or_oom, saved_activation_bytes
-from helpers.models import GPTConfig, device_of
+from helpers.models import GPTConfig
+from helpers.nets import device_of
 from helpers.training import lm_loss
 from helpers.validate import answer_number, positive_int
 
@@ -68,7 +69,7 @@ def gradient_error(
     the comparison, the full-batch gradient and the accumulated one.
     """
     from helpers.data import regression_batch
-    from helpers.models import ResidualMLP
+    from helpers.nets import ResidualMLP
 
     positive_int("micro_batch", micro_batch)
     positive_int("steps", steps)

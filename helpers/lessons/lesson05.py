@@ -29,17 +29,9 @@ from helpers.device import SCALES
 from helpers.formulas import gpt_param_count, predicted_step_peak_bytes
 from helpers.lessons import not_answered
 from helpers.models import GPT, GPTConfig
-from helpers.tokens import (
-    IGNORE_INDEX,
-    TokenReport,
-    accumulation_report,
-    pad_sequences,
-    split_micro_batches,
-    tiny_lm,
-    tiny_lm_config,
-    variable_length_sequences,
-)
-from helpers.training import lm_loss
+from helpers.token_loss import pad_sequences, split_micro_batches, variable_length_sequences
+from helpers.tokens import TokenReport, accumulation_report, tiny_lm, tiny_lm_config
+from helpers.training import IGNORE_INDEX, lm_loss
 from helpers.validate import choice, number_in_range
 
 __all__ = [

@@ -21,9 +21,10 @@ import torch
 
 from helpers.device import SCALES, by_scale
 from helpers.formulas import gpt_param_count, korthikanti_activation_bytes
+from helpers.memory_profile import MemoryProfile, fit_profile
 from helpers.models import GPT, GPTConfig
 from helpers.phases import PhaseMemory, UpdateMeasurer
-from helpers.planner import GB, MemoryProfile, Plan, fit_profile, recommend
+from helpers.planner import GB, Plan, recommend
 from helpers.validate import choice, positive_int
 
 __all__ = [

@@ -19,7 +19,8 @@ from helpers.distributed import (
     mse_loss,
 )
 from helpers.fsdp import FSDPStepMemory
-from helpers.launcher import WorkerPool, max_workers, shared_pool
+from helpers.launcher import WorkerPool, shared_pool
+from helpers.processes import max_workers
 from helpers.validate import choice, positive_int
 
 __all__ = [

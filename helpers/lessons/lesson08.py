@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from helpers import accumulation as acc
-from helpers.claims import LAB_CONFIG, Lab
+from helpers.claim_lab import LAB_CONFIG, Lab
 from helpers.device import pick_device
 from helpers.formulas import gpt_step_peak_bytes, predicted_update_peak_bytes
 from helpers.models import GPT, GPTConfig, deep_gpt_setup, explainer_config

@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from helpers.architectures import param_count
+from helpers.architectures_config import param_count
 from helpers.device import SCALES, by_scale
+from helpers.memory_profile import MemoryProfile
 from helpers.meta_profile import BatchSpec, Profiler
 from helpers.models import GPT, GPTConfig
-from helpers.plan_report import margin_line, preset_profile, reported_card_bytes
-from helpers.planner import MemoryProfile, recommend
+from helpers.plan_report import margin_line, reported_card_bytes
+from helpers.planner import recommend
+from helpers.preset_profiles import preset_profile
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
 from helpers.validate import answer_number, choice, number_in_range, positive_int, positive_number
 

@@ -29,14 +29,8 @@ from helpers.display import text_table
 from helpers.formulas import gpt_step_peak_bytes
 from helpers.lessons import not_answered
 from helpers.models import GPT, GPTConfig, seeded_gpt
-from helpers.tokens import (
-    count_valid_tokens,
-    fixed_step,
-    full_batch_step,
-    naive_step,
-    split_micro_batches,
-    variable_length_sequences,
-)
+from helpers.token_loss import count_valid_tokens, split_micro_batches, variable_length_sequences
+from helpers.tokens import fixed_step, full_batch_step, naive_step
 from helpers.training import linear_warmup
 from helpers.validate import answer_number, choice, number_in_range, positive_int
 

@@ -9,8 +9,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
-from helpers import checkpointing as ckpt
-from helpers import costs
+from helpers import costs, segments
 from helpers.data import token_batch
 from helpers.device import seed_everything
 from helpers.lessons import lesson02
@@ -122,20 +121,20 @@ def test_exercise_3_checker_agrees_with_the_lessons_own_measurement() -> None:
     """
     torch.manual_seed(3)
     x = torch.randn(24, 40)
-    chains = {kind: ckpt.make_chain(16, 40, kind) for kind in ("linear", ckpt.EXERCISE_CHAIN)}
-    costs = {kind: ckpt.chain_layer_costs(chain, x) for kind, chain in chains.items()}
-    best = {kind: min(ckpt.segment_sweep(chain, x, ckpt.divisors(16)), key=lambda p: p.saved_bytes).segments
-            for kind, chain in chains.items()}
-    m, c = costs[ckpt.EXERCISE_CHAIN]
+    chains = {kind: segments.make_chain(16, 40, kind) for kind in ("linear", segments.EXERCISE_CHAIN)}
+    costs = {kind: segments.chain_layer_costs(chain, x) for kind, chain in chains.items()}
+    sweeps = {kind: segments.segment_sweep(chain, x, segments.divisors(16)) for kind, chain in chains.items()}
+    best = {kind: min(points, key=lambda p: p.saved_bytes).segments for kind, points in sweeps.items()}
+    m, c = costs[segments.EXERCISE_CHAIN]
     assert m == c == x.numel() * 4  # the Linear's input; the ReLU's output is that same storage downstream
-    assert best[ckpt.EXERCISE_CHAIN] == best["linear"] == 4  # the optimum k does not move
+    assert best[segments.EXERCISE_CHAIN] == best["linear"] == 4  # the optimum k does not move
     assert lesson02.check_exercise_3(m / c).startswith("Correct")
     assert lesson02.check_exercise_3(2.0).startswith("Hint") and "once" in lesson02.check_exercise_3(2.0)
     assert lesson02.check_exercise_3(6).startswith("Hint")
     measured = lesson02.exercise_3_measurement()
-    assert measured[ckpt.EXERCISE_CHAIN] == measured["linear"] == (1.0, 4)
+    assert measured[segments.EXERCISE_CHAIN] == measured["linear"] == (1.0, 4)
     with pytest.raises(ValueError, match="kind"):
-        ckpt.make_chain(4, 8, "relu-linear")
+        segments.make_chain(4, 8, "relu-linear")
 
 
 def test_exercise_2_checker_leaves_the_global_rng_alone() -> None:
@@ -147,7 +146,7 @@ def test_exercise_2_checker_leaves_the_global_rng_alone() -> None:
 
 def test_result_objects_are_frozen() -> None:
     timing = costs.Timing(1.0, 0.5, 2.0, 3)
-    point = ckpt.SegmentPoint(2, 10, 20)
+    point = segments.SegmentPoint(2, 10, 20)
     row = costs.TradeOff(2, 4, False, None, 8, 8, timing)  # type: ignore[arg-type]
     for obj, field in ((timing, "median"), (point, "saved_bytes"), (row, "steps")):
         with pytest.raises(dataclasses.FrozenInstanceError):
@@ -183,7 +182,7 @@ def test_sizes_per_scale_as_the_lesson_uses_them() -> None:
     assert lesson02.WIDGET_MAX_STEPS == 16  # the K slider's top
     # sqrt(n) is a whole number and one of the divisors, so the best k lies on the sweep
     for n in lesson02.CHAIN_LENGTHS:
-        assert round(n ** 0.5) ** 2 == n and round(n ** 0.5) in ckpt.divisors(n)
+        assert round(n ** 0.5) ** 2 == n and round(n ** 0.5) in segments.divisors(n)
     assert lesson02.CHAIN_LENGTHS == (16, 36, 64)
 
 
@@ -239,5 +238,5 @@ def test_predicted_peak_other_candidates(monkeypatch: pytest.MonkeyPatch) -> Non
     width, batch = 128, 64  # chain_shape("small")
     assert lesson02.predicted_peak_bytes("small") == 64 * 8 * width * batch * 4
     n, x = 16, torch.randn(8, 16)
-    (point,) = ckpt.segment_sweep(ckpt.make_chain(n, 16, "mlp"), x, [1])
+    (point,) = segments.segment_sweep(segments.make_chain(n, 16, "mlp"), x, [1])
     assert point.peak_bytes <= n * 8 * x.numel() * 4

@@ -26,18 +26,15 @@ from helpers.lessons.lesson05 import (
     widget_latency_cases,
 )
 from helpers.memory import measure_step
-from helpers.tokens import (
-    IGNORE_INDEX,
+from helpers.token_loss import (
     MicroBatch,
     count_valid_tokens,
-    fixed_step,
-    full_batch_step,
-    naive_step,
     pad_sequences,
     split_micro_batches,
-    tiny_lm,
     variable_length_sequences,
 )
+from helpers.tokens import fixed_step, full_batch_step, naive_step, tiny_lm
+from helpers.training import IGNORE_INDEX
 
 matplotlib.use("Agg")
 

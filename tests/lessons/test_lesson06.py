@@ -7,8 +7,8 @@ import torch
 
 from helpers.lessons import lesson06
 from helpers.memory import run_capped
+from helpers.memory_profile import MemoryProfile
 from helpers.phases import UpdateMeasurer
-from helpers.planner import MemoryProfile
 
 CPU = torch.device("cpu")
 MiB = 2**20

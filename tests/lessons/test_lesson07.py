@@ -130,7 +130,7 @@ def test_draw_fsdp_memory_shows_state_persistent_and_peak() -> None:
 def test_no_sync_bars_colour_the_buggy_loop_as_buggy() -> None:
     """The flag-after-forward loop makes one all-reduce, like the right loop, but its ranks differ:
     its bar must not share the right loop's colour (issue 24)."""
-    from helpers import plots
+    from helpers import plot_layout
     from helpers.lessons.lesson07 import NO_SYNC_KINDS, draw_no_sync_bars, no_sync_kind
 
     assert no_sync_kind(1, 0.0, 1e-7) == "right gradient, 1 all-reduce"
@@ -143,4 +143,4 @@ def test_no_sync_bars_colour_the_buggy_loop_as_buggy() -> None:
     assert right.get_facecolor() != buggy.get_facecolor() and buggy.get_hatch() == "//"
     assert {t.get_text() for t in fig.axes[0].get_legend().get_texts()} == set(NO_SYNC_KINDS)
     fig.tight_layout()
-    assert plots.layout_problems(fig) == []
+    assert plot_layout.layout_problems(fig) == []

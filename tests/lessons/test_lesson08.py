@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import review
+from helpers import claim_lab, claims, review
 from helpers.lessons import lesson08
 
 FIGURES = {"C11": {"extra_share_of_step": 0.331}, "C24": {"flops_difference": 0.004}}
@@ -17,7 +17,7 @@ NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "08_review.ipynb"
 
 def _ledger() -> review.Ledger:
     rows = [review.Row(c, True, float(i + 1), "u", "", 0.0, figures=FIGURES.get(c.id, {}))
-            for i, c in enumerate(review.CLAIMS)]
+            for i, c in enumerate(claims.CLAIMS)]
     return review.Ledger(rows, [], "cpu", torch.__version__, "small", "cpu-tracker")
 
 
@@ -41,7 +41,7 @@ def test_interview_answer_is_at_most_30_words_and_quotes_the_ledger() -> None:
     answer = lesson08.interview_answer(ledger)
     assert lesson08.word_count(answer) <= lesson08.INTERVIEW_WORDS == 30, answer
     assert f"{ledger.row('C09').value:.1f}x less saved memory" in answer and "+33% FLOPs" in answer
-    bare = review.Ledger([review.Row(c, True, 1.0, "u", "", 0.0) for c in review.CLAIMS], [], "cpu",
+    bare = review.Ledger([review.Row(c, True, 1.0, "u", "", 0.0) for c in claims.CLAIMS], [], "cpu",
                          torch.__version__, "small", "cpu-tracker")
     with pytest.raises(ValueError, match="extra_share_of_step"):
         lesson08.interview_answer(bare)  # a row without the measured figure is an error, not a typed number
@@ -108,7 +108,7 @@ def test_quiz_widget_builds() -> None:
 
 
 def test_explore_widget_prints_the_effective_batch_and_checks(capsys: pytest.CaptureFixture[str]) -> None:
-    lab = review.Lab(torch.device("cpu"))
+    lab = claim_lab.Lab(torch.device("cpu"))
     scaled, raw = lesson08.accumulation_check(2, 3, lab)
     assert scaled.max_rel <= 1e-4 and raw.norm_ratio == pytest.approx(3.0, rel=1e-3)
     assert lesson08.explore_accumulation(2, 3, lab) is None

@@ -6,12 +6,12 @@ import functools
 
 import pytest
 
-from helpers.architectures import param_count
+from helpers.architectures_config import param_count
 from helpers.lessons import lesson09
 from helpers.meta_profile import BatchSpec, Profiler
 from helpers.models import GPT
-from helpers.plan_report import preset_profile
 from helpers.planner import recommend
+from helpers.preset_profiles import preset_profile
 from helpers.presets import PRESETS
 
 
