@@ -211,7 +211,7 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, n_group: int, k: int)
 def worker_update(k: int, micro_batch: int, width: int, updates: int = 2) -> dict[str, object]:
     """In a `helpers.launcher` worker: `updates` accumulated updates with Accelerate over DDP.
 
-    Every rank builds the same `helpers.distributed.lesson_model(width)` and takes its own
+    Every rank builds the same `helpers.distributed.replica_model(width)` and takes its own
     K micro-batches of `micro_batch` examples per update (rank r: a contiguous block).
     Returns this rank's `sync_gradients` per micro-step, the DDP all-reduce count after
     each micro-step (counted by the communication hook, not read from Accelerate), the
@@ -219,7 +219,7 @@ def worker_update(k: int, micro_batch: int, width: int, updates: int = 2) -> dic
     """
     import torch.distributed as dist
 
-    from helpers.distributed import count_allreduces, lesson_data, lesson_model, mse_loss
+    from helpers.distributed import count_allreduces, lesson_data, mse_loss, replica_model
 
     rank, world = dist.get_rank(), dist.get_world_size()
     # Accelerate finds its processes from these variables; the process group already exists.
@@ -227,7 +227,7 @@ def worker_update(k: int, micro_batch: int, width: int, updates: int = 2) -> dic
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
     device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
     accelerator = fresh_accelerator(k, device=device)
-    model = lesson_model(width)
+    model = replica_model(width)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer = accelerator.prepare(model, optimizer)  # type: ignore[attr-defined]
     counter = count_allreduces(model)

@@ -14,11 +14,9 @@ The public API (other lessons rely on these names):
   `l2_rel` (L2 relative: ||candidate - reference|| / ||reference||).
 - `weight_distance(model, reference)`: how far two runs' weights have drifted apart,
   ||w - w_ref|| / ||w_ref||.
-- `cleared_grads(model)`: a context manager that sets `.grad` to None on entry
-  and on exit, the pattern every gradient function here follows.
-- `trainable_params`, `check_batch`, `check_micro_batch`, `micro_batch_sizes`:
-  the argument checks the gradient functions share, public for the lessons'
-  instruments.
+- `check_batch`, `check_micro_batch`, `micro_batch_sizes`: the argument checks the
+  gradient functions share, public for the lessons' instruments. Each gradient function
+  clears `.grad` before and after (`helpers.training.cleared_grads`).
 
 Lesson 03's widgets and plots live in `helpers.lessons.lesson03`, its throughput sweep in
 `helpers.costs`, the memory per micro-step in `helpers.memory`; lesson 04's pitfalls in
@@ -41,32 +39,22 @@ Rules shared by the gradient functions:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from helpers.validate import instance_arg, positive_int, tensor_arg
+from helpers.training import cleared_grads, trainable_params
+from helpers.validate import positive_int, tensor_arg
 
 __all__ = [
     "GradDiff", "LossFn", "accumulated_grad", "angle_degrees", "check_batch", "check_micro_batch",
-    "clear_grads", "cleared_grads", "compare_grads", "flat_grad", "full_batch_grad", "group_gradient",
-    "micro_batch_sizes", "trainable_params", "weight_distance",
+    "compare_grads", "flat_grad", "full_batch_grad", "group_gradient", "micro_batch_sizes",
+    "weight_distance",
 ]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-# -- argument checks shared by the gradient functions ---------------------------------
-def trainable_params(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters of `model` that require grad; raises if `model` is no Module or has none."""
-    instance_arg("model", model, nn.Module, "torch.nn.Module")
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("model has no parameters that require grad; nothing to differentiate")
-    return params
 
 
 def check_batch(inputs: torch.Tensor, targets: torch.Tensor) -> int:
@@ -106,27 +94,6 @@ def micro_batch_sizes(n: int, micro_batch: int) -> list[int]:
     check_micro_batch(micro_batch, n)
     sizes = [micro_batch] * (n // micro_batch)
     return sizes + ([n % micro_batch] if n % micro_batch else [])
-
-
-# -- clearing and reading gradients ----------------------------------------------------
-def clear_grads(model: nn.Module) -> None:
-    """Set every parameter's `.grad` to None (what `zero_grad(set_to_none=True)` does)."""
-    for p in model.parameters():
-        p.grad = None
-
-
-@contextmanager
-def cleared_grads(model: nn.Module) -> Iterator[nn.Module]:
-    """Clear `model`'s gradients on entry and again on exit, also when the body raises.
-
-    ``with cleared_grads(model): loss.backward(); g = flat_grad(model)`` starts
-    from no gradients and leaves none behind.
-    """
-    clear_grads(model)
-    try:
-        yield model
-    finally:
-        clear_grads(model)
 
 
 def flat_grad(model: nn.Module) -> torch.Tensor:

@@ -43,7 +43,8 @@ from torch import nn
 
 from helpers.architectures_config import RELEASED, ArchConfig
 from helpers.architectures_layers import GPT2Block, LlamaBlock, RMSNorm, Rotary
-from helpers.meta_profile import BatchSpec, Profiler
+from helpers.data import BatchSpec
+from helpers.meta_profile import Profiler
 from helpers.models import GPT, GPTConfig
 from helpers.nets import BlockWrapper
 from helpers.validate import choice, positive_int

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from helpers import accumulation as acc
-from helpers import amp, costs, formulas, pitfalls, tokens
+from helpers import amp, costs, formulas, pitfalls, tokens, training
 from helpers.checkpointing import apply_ac
 from helpers.claim_lab import LAB_CONFIG, SWEEP, Evidence, Lab
 from helpers.claim_lab import gib as _gib
@@ -55,7 +55,7 @@ def _measure_adam_step(lab: Lab) -> tuple[dict[str, float], int]:
 def _c_saved(lab: Lab) -> Evidence:
     idx, tgt = lab.tokens(4)
     saved = saved_activation_bytes(lambda: lm_loss(lab.model(idx), tgt))
-    acc.clear_grads(lab.model)
+    training.clear_grads(lab.model)
     params = param_bytes(lab.model)
     return Evidence(saved > 0, saved, "bytes",
                     f"a forward of 4 sequences keeps {_gib(saved)} for backward ({saved / params:.1f}x the "
@@ -183,9 +183,9 @@ def _c_ckpt_flops(lab: Lab) -> Evidence:
         try:
             extra = costs.count_flops(step) - plain
         finally:
-            acc.clear_grads(model)
+            training.clear_grads(model)
     forwards = extra / region
-    from helpers.plots import format_flops  # matplotlib, imported only when the check runs
+    from helpers.units import format_flops  # matplotlib, imported only when the check runs
 
     return Evidence(0 < extra <= region, forwards, "forwards of the checkpointed blocks",
                     f"lesson 02's model: {format_flops(extra)} extra per forward+backward; one forward "
@@ -238,7 +238,7 @@ def _micro_step_growth(lab: Lab, keep_graph: bool) -> tuple[int, int]:
     mem = micro_step_memory(loop, model)
     kept.clear()
     unit = saved_activation_bytes(lambda: lm_loss(model(batches[0][0]), batches[0][1]))
-    acc.clear_grads(model)
+    training.clear_grads(model)
     return mem.growth(1, -1), unit
 
 

@@ -108,7 +108,7 @@ class Evidence:
 
 
 def gib(n: float) -> str:
-    """`n` bytes for a ledger sentence (`helpers.plots.format_bytes`)."""
-    from helpers.plots import format_bytes
+    """`n` bytes for a ledger sentence (`helpers.units.format_bytes`)."""
+    from helpers.units import format_bytes
 
     return format_bytes(n)

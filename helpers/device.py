@@ -2,8 +2,9 @@
 
 `pick_device()` chooses CUDA when it is there (`LESSONS_DEVICE=cpu|cuda`
 overrides), `lesson_scale()` picks how big the experiments are, and
-`seed_everything()` makes runs repeatable. `setup_lesson()` does all three and
-prints the environment, so that notebooks never copy a device/seed cell.
+`seed_everything()` makes runs repeatable; `device_of(model)` says where a model lives.
+`helpers.lessons.setup.setup_lesson()` does all three and prints the environment, so that
+notebooks never copy a device/seed cell.
 
 Scales: `tiny` (quick tests), `small` (the CPU default), and on CUDA one picked
 from the GPU's total memory in decimal GB: under 12 GB `small`, 12 to under
@@ -23,10 +24,12 @@ import math
 import os
 import platform
 import random
-import warnings
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
+from helpers.validate import instance_arg
 
 DEVICES = ("cpu", "cuda")
 SCALES = ("tiny", "small", "medium", "full")
@@ -236,41 +239,20 @@ class Lesson:
         )
 
 
-def setup_lesson(seed: int = 0, *, tf32: bool | None = None) -> Lesson:
-    """Pick the device and scale, seed everything, apply the plot style, and print the environment.
-
-    Prints the environment line, the memory cap when `LESSONS_GPU_MEMORY_GB` sets
-    one (applied here, on CUDA, to the caching allocator only; see `apply_memory_cap`),
-    and why the scale was picked. With `LESSONS_STRICT=1` (set by `make test`) any Python
-    warning raised in the notebook becomes an error, so that no warning leaks into a lesson.
+def device_of(model: nn.Module) -> torch.device:
+    """The device of `model`'s first parameter (the lessons' models live on one device).
 
     Args:
-        seed: passed to `seed_everything`.
-        tf32: False keeps CUDA matmuls and convolutions in true float32, for lessons that
-            compare gradients to 1e-6 (TF32 rounds differently for different batch shapes);
-            None leaves torch's settings as they are.
+        model: a module with at least one parameter.
 
     Returns:
-        The `Lesson`: device, scale, memory method, why that scale, and the memory cap.
-    """
-    device = pick_device()
-    scale, why = pick_scale(device)
-    cap = apply_memory_cap(device)
-    lesson = Lesson(device=device, scale=scale, method=memory_method(device), why=why, memory_cap_gb=cap)
-    seed_everything(seed)
-    torch.set_default_dtype(torch.float32)
-    from helpers import plots  # here, not at the top: importing device must not pull in matplotlib
+        That parameter's device.
 
-    plots.use_style()
-    if tf32 is not None:
-        torch.backends.cudnn.allow_tf32 = tf32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-    if os.environ.get("LESSONS_STRICT") == "1":
-        warnings.simplefilter("error")
-        # Jupyter's own machinery may warn on import; those are not lesson warnings.
-        warnings.filterwarnings("default", module="(jupyter|ipykernel|zmq|traitlets|comm)")
-    print(lesson.describe())
-    if cap is not None:
-        print(f"memory cap {cap:g} GB of {gpu_total_gb(device):.1f} GB (LESSONS_GPU_MEMORY_GB)")
-    print(f"scale {scale}: {why}")
-    return lesson
+    Raises:
+        ValueError: if `model` is not a module or has no parameters.
+    """
+    instance_arg("model", model, nn.Module, "torch.nn.Module")
+    first = next(model.parameters(), None)
+    if first is None:
+        raise ValueError(f"model has no parameters, so no device: {type(model).__name__}")
+    return first.device

@@ -3,6 +3,8 @@
 - `OpObserver`: the project's one `TorchDispatchMode` base; it runs each aten op unchanged and
   shows it to `observe` (`helpers.tracker.MemoryTracker`, `helpers.costs.count_ops` and
   `helpers.saved_tensors` subclass it).
+- `OpRunner`: what an observer may be given to run its ops instead of calling them (the meta
+  profile's fast paths, `helpers.meta_memo.MetaRunner`): this base knows the protocol, not them.
 - `tensors_in(tree)`: every tensor in a nested structure of op arguments or results.
 - `_storage_key(t)`, `_data_ptr(st)`: the key and the address of a tensor's storage.
 - `_freeze_gc()` / `_unfreeze_gc()`: one `gc.freeze()` shared by nested observed regions, so
@@ -15,17 +17,13 @@ from __future__ import annotations
 import functools
 import gc
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers.meta_pointwise import fast_pointwise
-
-if TYPE_CHECKING:
-    from helpers.meta_memo import MetaMemo
-
-__all__ = ["OpFacts", "OpObserver", "op_facts", "tensors_in"]
+__all__ = ["OpFacts", "OpObserver", "OpRunner", "op_facts", "tensors_in"]
 
 
 class OpFacts(NamedTuple):
@@ -73,27 +71,32 @@ def _storage_key(t: torch.Tensor) -> tuple[int, torch.UntypedStorage] | None:
     return st._cdata, st
 
 
+class OpRunner(Protocol):
+    """Runs an aten op for an `OpObserver`: `run` returns what `func(*args, **kwargs)` would."""
+
+    def run(self, func: Callable[..., object], args: tuple, kwargs: dict) -> object:
+        """The op's result (the same tensors' metadata as calling it; on meta, possibly remembered)."""
+        ...
+
+
 class OpObserver(TorchDispatchMode):
     """The one `TorchDispatchMode` base of the project: run each aten op, then show it to `observe`.
 
     Use a subclass as a context manager; every aten op run inside it (forward, backward,
     optimizer step) is run unchanged and then passed to `observe(func, args, kwargs, out)`.
-    On the meta device, plain pointwise ops get their (empty) result from
-    `helpers.meta_pointwise.fast_pointwise`: the same tensor as the op's own meta kernel, in
-    a few microseconds instead of about 200; with `self.memo` set (a `helpers.meta_memo.MetaMemo`),
-    a meta call seen before gets its result from the memo.
+    With `self.runner` set (an `OpRunner`), the runner runs each op instead: the meta profile
+    sets `helpers.meta_memo.MetaRunner`, whose fast paths answer pointwise and repeated meta
+    calls in microseconds instead of the op's meta kernel (about 200).
     `self.window` holds the op's (start, end) in `time.time_ns()`.
     """
 
     window: tuple[int, int] = (0, 0)
-    memo: MetaMemo | None = None  # set it to answer repeated meta calls from their metadata
+    runner: OpRunner | None = None  # set it to run the ops another way (the meta profile's fast paths)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
         t0 = time.time_ns()
-        out = fast_pointwise(func, args, kwargs)  # None unless a plain pointwise op on meta
-        if out is None:
-            out = func(*args, **kwargs) if self.memo is None else self.memo.run(func, args, kwargs)
+        out = func(*args, **kwargs) if self.runner is None else self.runner.run(func, args, kwargs)
         self.window = (t0, time.time_ns())
         self.observe(func, args, kwargs, out)
         return out

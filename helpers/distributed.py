@@ -5,7 +5,7 @@ of `helpers.launcher` (a persistent `WorkerPool` for the widget, `run_torchrun` 
 the lesson's scripts). Nothing is simulated.
 
 - Model and data, deterministic so every process builds the same thing:
-  `lesson_model`, `bn_model`, `lesson_data`, `mse_loss`.
+  `replica_model`, `bn_model`, `lesson_data`, `mse_loss`.
 - `count_allreduces`: a DDP communication hook that counts gradient all-reduces.
 - `ddp_accumulated_grad` -> `DDPGrad`: one update of K micro-steps on W real DDP
   workers, with or without `no_sync`; `rank_shards` says who uses which example.
@@ -38,18 +38,18 @@ from helpers.validate import callable_arg, positive_int, tensor_arg
 
 __all__ = [
     "AllReduceCounter", "BatchSizes", "DDPGrad", "bn_model", "check_batch_sizes", "count_allreduces",
-    "ddp_accumulated_grad", "lesson_data", "lesson_model", "mse_loss", "rank_shards",
+    "ddp_accumulated_grad", "lesson_data", "replica_model", "mse_loss", "rank_shards",
 ]
 
 # -- the lesson's model, data and counting hook ------------------------------------------
 D_IN, D_OUT, DEPTH = 16, 4, 2
 
 
-def lesson_model(width: int = 64, depth: int = DEPTH) -> nn.Module:
+def replica_model(width: int = 64, depth: int = DEPTH) -> nn.Module:
     """A small `ResidualMLP` (16 -> width x depth blocks -> 4), the same on every rank (seed 0).
 
     Module-level and argument-free by default, so a worker can rebuild it from a
-    pickled reference (`functools.partial(lesson_model, width=...)` also pickles).
+    pickled reference (`functools.partial(replica_model, width=...)` also pickles).
     The global RNG is left untouched.
 
     Args:

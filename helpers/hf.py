@@ -26,13 +26,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from helpers.accumulation import cleared_grads, flat_grad
+from helpers.accumulation import flat_grad
 from helpers.hf_models import (
     collate,
     predicted_tokens,
 )
 from helpers.memory import saved_activation_bytes
-from helpers.training import IGNORE_INDEX
+from helpers.training import IGNORE_INDEX, cleared_grads
 from helpers.validate import bool_arg, int_in_range, positive_int, positive_number
 
 __all__ = [

@@ -36,7 +36,7 @@ from torch import nn
 
 from helpers.architectures import CausalLM
 from helpers.architectures_config import ArchConfig
-from helpers.meta_profile import BatchSpec
+from helpers.data import BatchSpec
 from helpers.validate import choice, positive_int
 
 __all__ = [

@@ -40,13 +40,12 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from helpers.accumulation import cleared_grads, trainable_params
 from helpers.allocator import AllocatorRecord, allocator_timeline
-from helpers.device import CPU_TRACKER, CUDA_ALLOCATOR, TENSOR_TRACKER
+from helpers.device import CPU_TRACKER, CUDA_ALLOCATOR, TENSOR_TRACKER, device_of
 from helpers.dispatch import tensors_in
-from helpers.nets import device_of
 from helpers.timeline import Timeline
 from helpers.tracker import MemoryTracker
+from helpers.training import cleared_grads, trainable_params
 from helpers.validate import callable_arg, positive_number
 
 __all__ = [

@@ -10,7 +10,7 @@ second, even for billions of parameters:
 - the live bytes at the end of the forward pass, and the peak of the backward pass
   and of the optimizer step, each with its breakdown by category;
 - bytes per example, from two micro-batch sizes (`Profiler.memory_profile`, which
-  returns lesson 06's `helpers.planner.MemoryProfile`).
+  returns lesson 06's `helpers.memory_profile.MemoryProfile`).
 
 Two things differ between the meta device and the device you will train on, and the
 profile models both for a `target` ("cpu" or "cuda"):
@@ -54,10 +54,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from helpers.checkpointing import apply_ac
+from helpers.data import BatchSpec
 from helpers.kernel_buffers import (
     kernel_buffers,
     meta_rng_module,
@@ -66,17 +66,18 @@ from helpers.kernel_buffers import (
 from helpers.memory import tracked_run
 from helpers.memory_profile import MemoryProfile, fit_profile
 from helpers.meta_memo import SHARED as SHARED_MEMO
+from helpers.meta_memo import MetaRunner
 from helpers.nets import BlockWrapper
 from helpers.step_profile import StepProfile, _marks_blocks_done, _step_profile
 from helpers.target_kernels import DEFAULT_CAPABILITY, _AutocastRule, _TargetKernels
 from helpers.tracker import MemoryTracker, release_point
 from helpers.trainable import apply_trainable, trainable_count
-from helpers.training import OPTIMIZERS, lm_loss, make_optimizer
+from helpers.training import OPTIMIZERS, make_optimizer
 from helpers.validate import ArgTypeError, callable_arg, choice, positive_int
 
 __all__ = [
     "CHECKPOINTS", "OPTIMIZER_IMPLS", "PRECISIONS", "PRECISION_BYTES_PER_PARAM", "PURE_BF16_WARNING",
-    "TARGETS", "BatchSpec", "Profiler",
+    "TARGETS", "Profiler",
 ]
 
 TARGETS = ("cpu", "cuda")
@@ -97,64 +98,6 @@ CHECKPOINTS = ("none", "blocks")
 # ---------------------------------------------------------------------------
 # The batch
 # ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BatchSpec:
-    """What one example looks like: token ids for a language model, or a tensor for a classifier.
-
-    Use `BatchSpec.lm(seq_len, vocab_size)` (inputs (b, seq_len) token ids, targets the
-    same shape, loss `helpers.training.lm_loss`) or `BatchSpec.classifier(input_shape,
-    num_classes)` (inputs (b, *input_shape) floats, targets (b,) class ids, cross-entropy).
-    """
-
-    kind: str
-    seq_len: int = 0
-    vocab_size: int = 0
-    input_shape: tuple[int, ...] = ()
-    num_classes: int = 0
-
-    @classmethod
-    def lm(cls, seq_len: int, vocab_size: int) -> BatchSpec:
-        """A language-model batch: `seq_len` token ids in, logits over `vocab_size` out."""
-        return cls(
-            "lm", seq_len=positive_int("seq_len", seq_len), vocab_size=positive_int("vocab_size", vocab_size)
-        )
-
-    @classmethod
-    def classifier(cls, input_shape: tuple[int, ...], num_classes: int) -> BatchSpec:
-        """A classifier batch: inputs of `input_shape` (without the batch dim), `num_classes` logits out."""
-        if not isinstance(input_shape, tuple | list) or not input_shape:
-            raise ArgTypeError(f"input_shape must be a non-empty tuple of ints, got {input_shape!r}")
-        shape = tuple(positive_int("input_shape[i]", d) for d in input_shape)
-        return cls("classifier", input_shape=shape, num_classes=positive_int("num_classes", num_classes))
-
-    def batch(self, b: int, device: torch.device | str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets) for a micro-batch of `b` examples on `device` (a local generator)."""
-        b = positive_int("b", b)
-        gen = torch.Generator().manual_seed(seed)
-        if self.kind == "lm":
-            ids = torch.randint(self.vocab_size, (b, self.seq_len + 1), generator=gen)
-            return ids[:, :-1].contiguous().to(device), ids[:, 1:].contiguous().to(device)
-        x = torch.randn((b, *self.input_shape), generator=gen)
-        return x.to(device), torch.randint(self.num_classes, (b,), generator=gen).to(device)
-
-    def loss(self, outputs: object, targets: torch.Tensor) -> torch.Tensor:
-        """The loss of `outputs` (a tensor, a tuple whose first item is one, or an object with `.logits`)."""
-        logits = getattr(outputs, "logits", outputs)
-        if isinstance(logits, tuple | list):
-            logits = logits[0]
-        if self.kind == "lm":
-            if logits.dtype in (torch.float16, torch.bfloat16):
-                logits = logits.float()  # as Transformers' ForCausalLMLoss upcasts them: a copy in fp32
-            return lm_loss(logits, targets)
-        return F.cross_entropy(logits, targets)
-
-    def describe(self) -> str:
-        """E.g. 'sequences of 1024 tokens (vocabulary 50257)'."""
-        if self.kind == "lm":
-            return f"sequences of {self.seq_len} tokens (vocabulary {self.vocab_size})"
-        return f"inputs of shape {self.input_shape}, {self.num_classes} classes"
 
 
 # ---------------------------------------------------------------------------
@@ -336,8 +279,8 @@ class Profiler:
                 modes.enter_context(rng_states_counted())
             own = kernel_buffers(self.target, buffers) if self.meta else None
             tracker = MemoryTracker(model=self.model, optimizer=self.optimizer, kernel_buffers=own)
-            if self.meta and self.memo:
-                tracker.memo = SHARED_MEMO
+            if self.meta:
+                tracker.runner = MetaRunner(SHARED_MEMO if self.memo else None)
             try:
                 timeline_of = tracked_run(lambda: self._update(batches, checkpoint, tracker, rule), tracker)
             finally:

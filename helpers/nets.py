@@ -7,7 +7,7 @@
 - `ConvNet`: a small ConvNet with BatchNorm (or GroupNorm, LayerNorm, none: `NORMS`).
 - `DropoutMLP`: Linear -> ReLU -> dropout blocks whose dropout masks can be passed in
   (lesson 04 slices one batch's masks per micro-batch).
-- `param_bytes(model)`, `device_of(model)`: small facts about a model.
+- `param_bytes(model)`: the bytes a model's parameters hold.
 
 """
 
@@ -21,9 +21,7 @@ from torch import nn
 
 from helpers.validate import choice, instance_arg, number_in_range, positive_int
 
-__all__ = [
-    "NORMS", "BlockWrapper", "ConvNet", "DropoutMLP", "MLPBlock", "ResidualMLP", "device_of", "param_bytes",
-]
+__all__ = ["NORMS", "BlockWrapper", "ConvNet", "DropoutMLP", "MLPBlock", "ResidualMLP", "param_bytes"]
 
 # What `model.block_wrapper` holds: called as wrapper(block, x) in place of block(x).
 BlockWrapper = Callable[[nn.Module, torch.Tensor], torch.Tensor]
@@ -184,20 +182,3 @@ def param_bytes(model: nn.Module) -> int:
     return sum(seen.values())
 
 
-def device_of(model: nn.Module) -> torch.device:
-    """The device of `model`'s first parameter (the lessons' models live on one device).
-
-    Args:
-        model: a module with at least one parameter.
-
-    Returns:
-        That parameter's device.
-
-    Raises:
-        ValueError: if `model` is not a module or has no parameters.
-    """
-    instance_arg("model", model, nn.Module, "torch.nn.Module")
-    first = next(model.parameters(), None)
-    if first is None:
-        raise ValueError(f"model has no parameters, so no device: {type(model).__name__}")
-    return first.device

@@ -4,7 +4,7 @@
 which phase sets it, because the optimizer step's temporaries can bind at small micro-batches.
 
 - `measure_phases(update, model=, optimizer=)` -> `PhaseMemory`: both phase peaks, each with
-  its breakdown; it reads like a `StepMemory`, so `helpers.planner.fit_profile` takes either.
+  its breakdown; it reads like a `StepMemory`, so `helpers.memory_profile.fit_profile` takes either.
 - `UpdateMeasurer(model)`: `measurer(b)` measures one accumulation update at micro-batch `b`
   of token sequences, with or without checkpointing (`helpers.checkpointing.apply_ac`).
 - `accumulate_update`: the accumulation loop being measured, the explainer's loop as the
@@ -32,9 +32,9 @@ from torch import nn
 
 from helpers.checkpointing import apply_ac
 from helpers.data import token_batch
+from helpers.device import device_of
 from helpers.memory import floor_of, measurable_model, tracked_run
 from helpers.models import GPT
-from helpers.nets import device_of
 from helpers.timeline import Timeline
 from helpers.tracker import MemoryTracker, release_point
 from helpers.training import lm_loss, make_optimizer
@@ -78,7 +78,7 @@ def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abs
 
 class PhasePeaks:
     """What every record of both phase peaks derives the same way (`PhaseMemory` here,
-    `helpers.meta_profile.StepProfile`): the floor at the peak and the phase that binds.
+    `helpers.step_profile.StepProfile`): the floor at the peak and the phase that binds.
     The record supplies `breakdown`, `forward_peak_bytes` and `optimizer_peak_bytes`.
     """
 
@@ -163,7 +163,7 @@ def measure_phases(
             optimizer phase, everything before it the forward phase (forward and backward).
 
     Returns:
-        A `PhaseMemory`. The categories come from `helpers.memory.MemoryTracker`. The
+        A `PhaseMemory`. The categories come from `helpers.tracker.MemoryTracker`. The
         totals come from the allocator: on CPU its own record of this run (`method`
         "cpu-tracker": the tracker's categories over the CPU allocator's total, what no
         tracked tensor explains in `other`); on CUDA the caching allocator's

@@ -7,9 +7,9 @@ pitfalls, each with the measurement a notebook needs:
 
 - BatchNorm: `norm_error_curve` (accumulated vs full-batch gradient error for
   each micro-batch size), `ghost_batch_grad`, `batchnorm_buffers`.
-- Dropout: `dropout_grads` with `helpers.models.DropoutMLP`, a model whose dropout
+- Dropout: `dropout_grads` with `helpers.nets.DropoutMLP`, a model whose dropout
   masks can be passed in, so a full-batch mask can be sliced per micro-batch.
-- Scheduler stepping: `warmup_cosine` and `lr_schedule` (a real `LambdaLR`
+- Scheduler stepping: `lr_schedule` (a real `LambdaLR` of `helpers.training.warmup_cosine`
   stepped per update or per micro-step).
 - Mixed precision (in `helpers.amp`; float16 autocast on CPU and CUDA):
   `amp_update` runs one accumulated update with a GradScaler in the correct order or in one
@@ -23,9 +23,8 @@ The lesson's widgets, sizes, figures and exercise checkers are in `helpers.lesso
 
 from __future__ import annotations
 
-import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -38,13 +37,13 @@ from helpers.accumulation import (
     accumulated_grad,
     check_batch,
     check_micro_batch,
-    cleared_grads,
     compare_grads,
     flat_grad,
     full_batch_grad,
 )
 from helpers.data import image_batch, regression_batch
 from helpers.nets import NORMS, ConvNet, DropoutMLP
+from helpers.training import cleared_grads, warmup_cosine
 from helpers.validate import (
     choice,
     int_at_least,
@@ -54,7 +53,7 @@ from helpers.validate import (
 
 __all__ = [
     "BN_MODES", "SCHEDULE_MODES", "Schedule", "batchnorm_buffers", "default_micro_batches", "dropout_grads",
-    "ghost_batch_grad", "lr_schedule", "norm_error_curve", "set_norm_mode", "warmup_cosine",
+    "ghost_batch_grad", "lr_schedule", "norm_error_curve", "set_norm_mode",
 ]
 
 BN_MODES = ("train", "eval", "frozen")
@@ -274,36 +273,6 @@ def dropout_grads(
 
 
 # -- Scheduler stepping --------------------------------------------------------------
-def warmup_cosine(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """LR multiplier: linear warmup to 1.0 over `warmup_steps`, cosine to 0 at `total_steps`.
-
-    Step s of warmup gives (s + 1) / warmup_steps (so the peak is at step
-    warmup_steps - 1); after `total_steps` the multiplier stays at 0.
-
-    Args:
-        warmup_steps: steps of warmup (>= 1).
-        total_steps: steps to the end of the cosine (more than `warmup_steps`).
-
-    Returns:
-        step -> multiplier, for `LambdaLR`.
-
-    Raises:
-        ValueError: if `total_steps` does not exceed `warmup_steps`.
-    """
-    positive_int("warmup_steps", warmup_steps)
-    positive_int("total_steps", total_steps)
-    if total_steps <= warmup_steps:
-        raise ValueError(f"total_steps={total_steps} must exceed warmup_steps={warmup_steps}")
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = min(1.0, (step - warmup_steps + 1) / (total_steps - warmup_steps))
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
-
-
 @dataclass(frozen=True)
 class Schedule:
     """The LR each optimizer update used, against the examples seen when it ran.

@@ -15,8 +15,9 @@ import json
 import sys
 from collections.abc import Sequence
 
+from helpers.data import BatchSpec
 from helpers.hf_configs import BUILDERS, NO_TRANSFORMERS, transformers_missing
-from helpers.meta_profile import CHECKPOINTS, OPTIMIZER_IMPLS, PRECISIONS, TARGETS, BatchSpec, Profiler
+from helpers.meta_profile import CHECKPOINTS, OPTIMIZER_IMPLS, PRECISIONS, TARGETS, Profiler
 from helpers.plan_report import PlanReport, plan_model
 from helpers.presets import (
     DEFAULT_CUDA_MARGIN,

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from helpers.memory_profile import MemoryProfile
-from helpers.plots import format_bytes
+from helpers.units import format_bytes
 from helpers.validate import positive_int, positive_number
 
 __all__ = [

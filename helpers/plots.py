@@ -1,10 +1,11 @@
-"""One house style for every lesson's plots, and byte formatting (core, lessons 01-08).
+"""One house style for every lesson's plots, and byte axes (core, lessons 01-08).
 
-`use_style()` applies the lessons' matplotlib style (`STYLE`); `helpers.device.setup_lesson`
+`use_style()` applies the lessons' matplotlib style (`STYLE`); `helpers.lessons.setup.setup_lesson`
 calls it, and importing this module changes nothing. Figures are shown with
 `show(fig)`, which displays and then closes them, so a rerun cell neither leaks
 figures nor warns under a non-interactive backend (`MPLBACKEND=Agg`). Whether a figure reads
-well (`layout_problems`, `MIN_FONT_PT`) is checked by `helpers.plot_layout`.
+well (`layout_problems`, `MIN_FONT_PT`) is checked by `helpers.plot_layout`. Sizes as text
+(`format_bytes`, `format_flops`) are in `helpers.units`.
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from helpers.plot_layout import layout_problems
+from helpers.units import UNITS
 from helpers.validate import positive_int
 
 if TYPE_CHECKING:
-    from helpers.update_memory import ConfigMemory
+    pass
 
 __all__ = [
-    "BUDGET_LABEL", "COLORS", "PHASE_SHADES", "STYLE", "UNITS", "byte_column", "byte_unit", "figure",
-    "format_bytes", "phase_runs", "plain_ticks", "plot_measured_table", "show", "stacked_bars", "timeline",
-    "use_style",
+    "COLORS", "PHASE_SHADES", "STYLE", "byte_column", "byte_unit", "figure", "phase_runs", "plain_ticks",
+    "show", "stacked_bars", "timeline", "use_style",
 ]
 
 STYLE = {
@@ -59,44 +60,6 @@ COLORS = {
     "activations": "#DD8452",
     "other": "#999999",
 }
-UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
-
-
-def format_bytes(n: float) -> str:
-    """Human-readable bytes with binary units, e.g. 3.2 MiB or 512 B.
-
-    Args:
-        n: a number of bytes (negative gets a minus sign).
-
-    Returns:
-        The text.
-    """
-    return _in_units(n, UNITS, 1, "B")
-
-
-FLOP_UNITS = [("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)]
-
-
-def format_flops(n: float) -> str:
-    """A FLOP count with decimal units, e.g. 0.47 GFLOP or 2.10 MFLOP (never "469,762,048").
-
-    Args:
-        n: the FLOP count (negative for a difference).
-
-    Returns:
-        The count with two decimals in the largest unit it reaches.
-    """
-    return _in_units(n, FLOP_UNITS, 2, "FLOP")
-
-
-def _in_units(n: float, units: Sequence[tuple[str, float]], decimals: int, base: str) -> str:
-    """`n` in the largest of `units` (largest first) it reaches, else as a whole number of `base`."""
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit, size in units:
-        if n >= size:
-            return f"{sign}{n / size:.{decimals}f} {unit}"
-    return f"{sign}{int(n)} {base}"
 
 
 def byte_unit(max_bytes: float) -> tuple[str, int]:
@@ -322,36 +285,3 @@ def timeline(ax: Axes, series: Mapping[str, Sequence[float]], phases: Sequence[s
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
-BUDGET_LABEL = "24 GB budget, scaled (drawn)"
-
-
-def plot_measured_table(rows: Sequence[ConfigMemory], labels: Sequence[str] | None = None,
-                        budget: float | None = None, *, budget_label: str = BUDGET_LABEL) -> None:
-    """Stacked bars (floor, activations, other) of measured rows, with an optional budget line; shown.
-
-    Args:
-        rows: the measured configurations (`ConfigMemory`).
-        labels: one label per row (default "B x K").
-        budget: bytes at which to draw the budget line, if any.
-        budget_label: the budget line's label.
-
-    Raises:
-        ValueError: if `rows` is empty or `labels` has another length.
-    """
-    if not rows:
-        raise ValueError("rows is empty: measure at least one configuration")
-    labels = list(labels) if labels is not None else [f"{r.micro_batch} x {r.steps}" for r in rows]
-    if len(labels) != len(rows):
-        raise ValueError(f"got {len(labels)} labels for {len(rows)} rows")
-    data = {
-        label: {
-            "parameters + gradients + optimizer_state": r.floor_bytes,
-            "activations": r.activations_bytes,
-            "other": r.other_bytes,
-        }
-        for label, r in zip(labels, rows, strict=True)
-    }
-    fig, (ax,) = figure(width=7.5, height=3.4)
-    stacked_bars(ax, data, budget=budget, budget_label=budget_label,
-                       title=f"Measured peak per configuration ({rows[0].method})")
-    show(fig)

@@ -1,6 +1,6 @@
 """What `python -m helpers.plan` plans: the released models as presets, your own factory, a budget.
 
-- `PRESETS`: the released models of `helpers.architectures.RELEASED` (GPT-2 small to XL with tied
+- `PRESETS`: the released models of `helpers.architectures_config.RELEASED` (GPT-2 small to XL with tied
   embeddings, Llama-3.2-1B/3B, Llama-3.1-8B, Mistral-7B, Qwen2.5-0.5B, TinyLlama-1.1B), their exact
   parameter counts whatever the sequence length; `preset_spec(name, seq_len)`.
 - `load_factory("package.module:factory")`, `hf_factory(config.json)` (`helpers.hf_configs`: our own
@@ -19,8 +19,8 @@ from torch import nn
 
 from helpers.architectures import released
 from helpers.architectures_config import RELEASED, ArchConfig
+from helpers.data import BatchSpec
 from helpers.hf_configs import HFModel, from_hf_config
-from helpers.meta_profile import BatchSpec
 from helpers.nets import ConvNet
 from helpers.validate import ArgTypeError, positive_number
 

@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from helpers import accumulation as acc
+from helpers import training
 from helpers.claim_lab import Lab
 from helpers.claims import CLAIMS, Claim
 from helpers.device import lesson_scale, memory_method, pick_device
 from helpers.display import markdown_table
 from helpers.display import progress as progress_bar
 from helpers.frameworks import FRAMEWORKS, missing
-from helpers.plots import format_bytes
+from helpers.units import format_bytes
 from helpers.validate import choice
 
 __all__ = [
@@ -116,7 +116,7 @@ def run_check(claim: Claim, lab: Lab) -> Row:
     try:
         ev = claim.run(lab)
     except Exception as exc:  # noqa: BLE001 - a failing check is a failed row, never a crash
-        acc.clear_grads(lab.model)
+        training.clear_grads(lab.model)
         return Row(claim, False, None, "", "", time.perf_counter() - start, f"{type(exc).__name__}: {exc}")
     return Row(claim, bool(ev.passed), float(ev.value), ev.unit, ev.detail, time.perf_counter() - start,
                figures=dict(ev.figures))

@@ -3,7 +3,7 @@
 `helpers.meta_profile.Profiler.step` returns a `StepProfile`: the update's peak and the peak of
 each phase (the end of the forward pass, the backward pass, the optimizer step), each with its
 breakdown by category, and the timeline it was read from. `_step_profile` reads one from a
-`helpers.memory.Timeline`; `_marks_blocks_done` marks, in each micro-step's backward, the point
+`helpers.timeline.Timeline`; `_marks_blocks_done` marks, in each micro-step's backward, the point
 where every block's backward has run (`BLOCKS_DONE`, which `helpers.peak_envelope` cuts at).
 """
 

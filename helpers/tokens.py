@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from helpers.accumulation import GradDiff, clear_grads, cleared_grads, compare_grads, flat_grad
+from helpers.accumulation import GradDiff, compare_grads, flat_grad
 from helpers.models import GPT, GPTConfig
 from helpers.token_loss import (
     MicroBatch,
@@ -39,7 +39,7 @@ from helpers.token_loss import (
     split_micro_batches,
     variable_length_sequences,
 )
-from helpers.training import lm_loss
+from helpers.training import clear_grads, cleared_grads, lm_loss
 from helpers.validate import number_in_range, positive_int
 
 __all__ = [

@@ -7,12 +7,17 @@
   SGD, which keeps no state, SGD with momentum (one tensor per parameter), and Adam and
   AdamW (two tensors per parameter, plus a step counter per parameter tensor);
   `STATE_PER_PARAM` says how many parameter-sized state tensors each keeps.
-- `linear_warmup(steps)`: a linear learning-rate warmup, as a `LambdaLR` factor.
+- `warmup_cosine(warmup_steps, total_steps=None)`: a linear learning-rate warmup, then a cosine
+  to 0 (or none), as a `LambdaLR` factor.
+- `trainable_params(model)`, `clear_grads(model)`, `cleared_grads(model)`: the parameters that
+  train (refusing a model with none), and `.grad` set to None, once or around a block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +26,8 @@ from torch import nn
 from helpers.validate import choice, instance_arg, positive_int, tensor_arg
 
 __all__ = [
-    "IGNORE_INDEX", "OPTIMIZERS", "REDUCTIONS", "STATE_PER_PARAM", "linear_warmup", "lm_loss",
-    "make_optimizer",
+    "IGNORE_INDEX", "OPTIMIZERS", "REDUCTIONS", "STATE_PER_PARAM", "clear_grads", "cleared_grads",
+    "lm_loss", "make_optimizer", "trainable_params", "warmup_cosine",
 ]
 
 IGNORE_INDEX = -100  # PyTorch's and Hugging Face's label for padding: no loss, no gradient
@@ -80,14 +85,65 @@ def make_optimizer(name: str, model: nn.Module, *, foreach: bool | None = None) 
     return torch.optim.SGD(params, lr=1e-3, momentum=0.9 if name == "sgd-momentum" else 0.0, foreach=foreach)
 
 
-def linear_warmup(steps: int) -> Callable[[int], float]:
-    """A linear warmup over `steps` updates, as a `LambdaLR` factor: (u + 1) / steps, then 1.
+def warmup_cosine(warmup_steps: int, total_steps: int | None = None) -> Callable[[int], float]:
+    """LR multiplier for `LambdaLR`: linear warmup to 1.0 over `warmup_steps`, then cosine to 0.
+
+    Step s of warmup gives (s + 1) / warmup_steps (so the peak is at step warmup_steps - 1).
+    With `total_steps`, a cosine takes it to 0 at `total_steps` and it stays at 0 after; without
+    it, it stays at 1.0 (a plain linear warmup).
 
     Args:
-        steps: warmup updates (>= 1).
+        warmup_steps: steps of warmup (>= 1).
+        total_steps: steps to the end of the cosine (more than `warmup_steps`), or None for none.
 
     Returns:
-        update -> factor.
+        step -> multiplier.
+
+    Raises:
+        ValueError: if `total_steps` does not exceed `warmup_steps`.
     """
-    positive_int("steps", steps)
-    return lambda u: min(1.0, (u + 1) / steps)
+    positive_int("warmup_steps", warmup_steps)
+    if total_steps is None:
+        return lambda step: min(1.0, (step + 1) / warmup_steps)
+    positive_int("total_steps", total_steps)
+    if total_steps <= warmup_steps:
+        raise ValueError(f"total_steps={total_steps} must exceed warmup_steps={warmup_steps}")
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps + 1) / (total_steps - warmup_steps))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+# -- argument checks shared by the gradient functions ---------------------------------
+def trainable_params(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters of `model` that require grad; raises if `model` is no Module or has none."""
+    instance_arg("model", model, nn.Module, "torch.nn.Module")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("model has no parameters that require grad; nothing to differentiate")
+    return params
+
+
+@contextmanager
+def cleared_grads(model: nn.Module) -> Iterator[nn.Module]:
+    """Clear `model`'s gradients on entry and again on exit, also when the body raises.
+
+    ``with cleared_grads(model): loss.backward(); g = flat_grad(model)`` starts
+    from no gradients and leaves none behind.
+    """
+    clear_grads(model)
+    try:
+        yield model
+    finally:
+        clear_grads(model)
+
+
+# -- clearing and reading gradients ----------------------------------------------------
+def clear_grads(model: nn.Module) -> None:
+    """Set every parameter's `.grad` to None (what `zero_grad(set_to_none=True)` does)."""
+    for p in model.parameters():
+        p.grad = None

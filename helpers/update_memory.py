@@ -20,9 +20,10 @@ import torch
 
 from helpers.checkpointing import apply_ac
 from helpers.data import token_batch
+from helpers.device import device_of
 from helpers.memory import StepMemory, measure_step, run_or_oom
 from helpers.models import GPT
-from helpers.nets import BlockWrapper, device_of
+from helpers.nets import BlockWrapper
 from helpers.tracker import release_point
 from helpers.training import lm_loss, make_optimizer
 from helpers.validate import int_at_least, positive_int

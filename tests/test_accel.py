@@ -128,7 +128,7 @@ def test_a_live_trainer_that_stopped_on_its_last_batch_leaks_gradient_state(acce
 @pytest.mark.distributed
 def test_two_gloo_workers_all_reduce_once_per_update(accel, monkeypatch: pytest.MonkeyPatch) -> None:
     """About 10-20 s on 2 busy cores: each spawned worker imports torch, DDP and Accelerate."""
-    from helpers.distributed import lesson_data, lesson_model, mse_loss
+    from helpers.distributed import lesson_data, mse_loss, replica_model
     from helpers.processes import POOL_START_ENV
 
     # Spawned even under `make unit`'s LESSONS_POOL_START=fork: a forked worker would inherit the
@@ -141,7 +141,7 @@ def test_two_gloo_workers_all_reduce_once_per_update(accel, monkeypatch: pytest.
         ranks = accel.two_worker_update(k, b, width, updates=2, pool=pool)  # the notebook's path
     finally:
         pool.close()
-    single = lesson_model(width)
+    single = replica_model(width)
     opt = torch.optim.SGD(single.parameters(), lr=0.1)
     for u in range(2):
         xs, ys = lesson_data(b * k * 2, seed=100 + u)

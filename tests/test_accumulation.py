@@ -14,20 +14,18 @@ from helpers.accumulation import (
     angle_degrees,
     check_batch,
     check_micro_batch,
-    cleared_grads,
     compare_grads,
     flat_grad,
     full_batch_grad,
     group_gradient,
     micro_batch_sizes,
-    trainable_params,
     weight_distance,
 )
 from helpers.data import image_batch, regression_batch, token_batch
 from helpers.models import GPT, GPTConfig
 from helpers.nets import ConvNet, ResidualMLP
 from helpers.tokens import tiny_lm
-from helpers.training import lm_loss
+from helpers.training import cleared_grads, lm_loss, trainable_params
 from helpers.validate import ArgTypeError
 
 

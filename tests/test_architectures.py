@@ -19,13 +19,14 @@ import torch
 from helpers import architectures_layers as layers
 from helpers.architectures import CausalLM, block_activation_bytes, released
 from helpers.architectures_config import PUBLISHED_PARAMETERS, RELEASED, ArchConfig, param_count
+from helpers.data import BatchSpec
 from helpers.hf_configs import (
     copy_transformers_weights,
     hf_dict,
     transformers_causal_lm,
     transformers_missing,
 )
-from helpers.meta_profile import BatchSpec, Profiler
+from helpers.meta_profile import Profiler
 from helpers.models import GPTConfig
 
 CI = os.environ.get("CI", "").lower() == "true"

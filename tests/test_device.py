@@ -19,8 +19,8 @@ from helpers.device import (
     pick_scale,
     scale_for_gpu_memory,
     seed_everything,
-    setup_lesson,
 )
+from helpers.lessons.setup import setup_lesson
 
 
 def test_pick_device_default_and_override(monkeypatch: pytest.MonkeyPatch) -> None:

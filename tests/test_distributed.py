@@ -76,18 +76,18 @@ def test_argument_checks() -> None:
         D.count_allreduces(torch.nn.Linear(2, 2))
     x, y = D.lesson_data(8)
     with pytest.raises(ValueError, match="not equal"):
-        D.ddp_accumulated_grad(D.lesson_model, D.mse_loss, x, y, micro_batch=2, accumulation_steps=2,
+        D.ddp_accumulated_grad(D.replica_model, D.mse_loss, x, y, micro_batch=2, accumulation_steps=2,
                                world_size=3)
     with pytest.raises(TypeError, match="inputs"):
-        D.ddp_accumulated_grad(D.lesson_model, D.mse_loss, x.tolist(), y, micro_batch=2,
+        D.ddp_accumulated_grad(D.replica_model, D.mse_loss, x.tolist(), y, micro_batch=2,
                                accumulation_steps=2, world_size=2)
 
 
 def test_argument_names_start_the_messages() -> None:
     with pytest.raises(ValueError, match="^width must"):
-        D.lesson_model(width=0)
+        D.replica_model(width=0)
     with pytest.raises(ValueError, match="^depth must"):
-        D.lesson_model(depth=0)
+        D.replica_model(depth=0)
     with pytest.raises(ValueError, match="^n must"):
         D.lesson_data(0)
     with pytest.raises(ValueError, match="^scale="):
@@ -95,9 +95,9 @@ def test_argument_names_start_the_messages() -> None:
     x, y = D.lesson_data(8)
     kw = dict(micro_batch=2, accumulation_steps=2, world_size=2)
     with pytest.raises(TypeError, match="^no_sync must be a bool"):
-        D.ddp_accumulated_grad(D.lesson_model, D.mse_loss, x, y, no_sync=1, **kw)
+        D.ddp_accumulated_grad(D.replica_model, D.mse_loss, x, y, no_sync=1, **kw)
     with pytest.raises(TypeError, match="^same_data must be a bool"):
-        D.ddp_accumulated_grad(D.lesson_model, D.mse_loss, x, y, same_data=0, **kw)
+        D.ddp_accumulated_grad(D.replica_model, D.mse_loss, x, y, same_data=0, **kw)
 
 
 # -- model, data and sizes, counted by hand ------------------------------------------------------
@@ -110,7 +110,7 @@ def test_lesson_model_and_bn_model_sizes_and_seed() -> None:
     from helpers.nets import ResidualMLP
 
     # 16 -> 64: 1088; each block: LayerNorm 128 + fc1 64*256+256 + fc2 256*64+64 = 33216; 64 -> 4: 260
-    assert _n_params(D.lesson_model()) == 1088 + 2 * 33216 + 260 == 67780
+    assert _n_params(D.replica_model()) == 1088 + 2 * 33216 + 260 == 67780
     # 16 -> 32: 544; BatchNorm1d(32): 64; 32 -> 4: 132
     assert _n_params(D.bn_model()) == 544 + 64 + 132
     x, y = D.lesson_data(5)
@@ -118,7 +118,7 @@ def test_lesson_model_and_bn_model_sizes_and_seed() -> None:
     torch.manual_seed(123)
     expected_next = torch.rand(3)
     torch.manual_seed(123)
-    model, bn = D.lesson_model(8, 1), D.bn_model(8)
+    model, bn = D.replica_model(8, 1), D.bn_model(8)
     assert torch.equal(torch.rand(3), expected_next)  # building them did not consume the global RNG
     torch.manual_seed(0)
     ref = ResidualMLP(16, 8, 1, 4)
@@ -158,7 +158,7 @@ def test_ddp_accumulated_grad_takes_rank_0_and_the_largest_spread(
     monkeypatch.setattr(D, "shared_pool", lambda w: requested.append(w) or fake)
     monkeypatch.setattr(D, "max_workers", lambda: 3)
     x, y = D.lesson_data(8)
-    got = D.ddp_accumulated_grad(D.lesson_model, D.mse_loss, x, y, micro_batch=2, accumulation_steps=2,
+    got = D.ddp_accumulated_grad(D.replica_model, D.mse_loss, x, y, micro_batch=2, accumulation_steps=2,
                                  world_size=2)  # pool=None: the shared pool of max(W, max_workers())
     assert requested == [3] and len(fake.calls) == 1
     assert torch.equal(got.grad, g0) and got.allreduce_calls == 1 and got.synced_steps == [False, True]
@@ -169,11 +169,11 @@ def test_ddp_accumulated_grad_takes_rank_0_and_the_largest_spread(
     assert timeout_s == 120.0
     results[1]["spread"] = 0.0
     mine = fake_pool(2, results[:2])
-    assert D.ddp_accumulated_grad(D.lesson_model, D.mse_loss, x, y, micro_batch=2, accumulation_steps=2,
+    assert D.ddp_accumulated_grad(D.replica_model, D.mse_loss, x, y, micro_batch=2, accumulation_steps=2,
                                   world_size=2, pool=mine).ranks_agree
     assert requested == [3] and len(mine.calls) == 1  # a pool given is the pool used
     with pytest.raises(ValueError, match=r"^world_size=4 is larger than the pool \(2 workers\)"):
-        D.ddp_accumulated_grad(D.lesson_model, D.mse_loss, x, y, micro_batch=1, accumulation_steps=2,
+        D.ddp_accumulated_grad(D.replica_model, D.mse_loss, x, y, micro_batch=1, accumulation_steps=2,
                                world_size=4, pool=mine)
 
 
@@ -184,9 +184,9 @@ def test_ddp_accumulated_grad_takes_rank_0_and_the_largest_spread(
 @pytest.mark.parametrize(("b", "k", "w"), [(4, 2, 2), (2, 4, 2), (8, 1, 2), (4, 4, 1)])
 def test_ddp_gradient_equals_full_batch(pool: WorkerPool, b: int, k: int, w: int) -> None:
     x, y = D.lesson_data(b * k * w, seed=1)
-    ref = full_batch_grad(D.lesson_model(), D.mse_loss, x, y)
+    ref = full_batch_grad(D.replica_model(), D.mse_loss, x, y)
     for no_sync, calls in ((True, 1), (False, k)):
-        got = D.ddp_accumulated_grad(D.lesson_model, D.mse_loss, x, y, micro_batch=b, accumulation_steps=k,
+        got = D.ddp_accumulated_grad(D.replica_model, D.mse_loss, x, y, micro_batch=b, accumulation_steps=k,
                                      world_size=w, no_sync=no_sync, pool=pool)
         assert compare_grads(ref, got.grad).max_rel <= 1e-5
         assert got.ranks_agree
@@ -199,13 +199,13 @@ def test_ddp_gradient_equals_full_batch(pool: WorkerPool, b: int, k: int, w: int
 @pytest.mark.distributed
 def test_same_data_on_every_rank_breaks_the_match(pool: WorkerPool) -> None:
     x, y = D.lesson_data(16, seed=1)
-    ref = full_batch_grad(D.lesson_model(), D.mse_loss, x, y)
-    got = D.ddp_accumulated_grad(D.lesson_model, D.mse_loss, x, y, micro_batch=4, accumulation_steps=2,
+    ref = full_batch_grad(D.replica_model(), D.mse_loss, x, y)
+    got = D.ddp_accumulated_grad(D.replica_model, D.mse_loss, x, y, micro_batch=4, accumulation_steps=2,
                                  world_size=2, same_data=True, pool=pool)
     assert compare_grads(ref, got.grad).max_rel > 1e-2
     assert got.indices[0] == got.indices[1] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # rank 0's examples everywhere
     # so the update is the gradient of rank 0's 8 examples alone
-    rank0 = full_batch_grad(D.lesson_model(), D.mse_loss, x[:8], y[:8])
+    rank0 = full_batch_grad(D.replica_model(), D.mse_loss, x[:8], y[:8])
     assert compare_grads(rank0, got.grad).max_rel <= 1e-5
     assert got.allreduce_calls == 1 and got.synced_steps == [False, True]  # no_sync=True by default
 

@@ -22,10 +22,11 @@ from torch import nn
 from helpers import plan as plan_command
 from helpers.architectures_config import ArchConfig
 from helpers.checkpointing import apply_ac
+from helpers.data import BatchSpec
 from helpers.hf_configs import HFModel, from_hf_config, hf_dict, transformers_missing
 from helpers.memory import measure_step
 from helpers.memory_profile import fit_profile
-from helpers.meta_profile import BatchSpec, Profiler
+from helpers.meta_profile import Profiler
 from helpers.models import GPT, GPTConfig
 from helpers.phases import UpdateMeasurer, accumulate_update
 from helpers.plan_report import PlanReport, plan_model

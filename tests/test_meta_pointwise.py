@@ -9,11 +9,12 @@ import random
 import pytest
 import torch
 
-import helpers.dispatch
+import helpers.meta_memo
 from helpers.architectures import CausalLM
 from helpers.architectures_config import ArchConfig
+from helpers.data import BatchSpec
 from helpers.meta_pointwise import _BINARY, _UNARY, fast_pointwise
-from helpers.meta_profile import BatchSpec, Profiler
+from helpers.meta_profile import Profiler
 
 aten = torch.ops.aten
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -142,5 +143,5 @@ def test_profiles_are_the_same_without_the_fast_path(
 
     profiles()  # the first profile of a process also records the CPU target's kernel probe (3 ops)
     fast = profiles()
-    monkeypatch.setattr(helpers.dispatch, "fast_pointwise", lambda func, args, kwargs: None)
+    monkeypatch.setattr(helpers.meta_memo, "fast_pointwise", lambda func, args, kwargs: None)
     assert profiles() == fast

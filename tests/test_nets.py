@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.nets import ResidualMLP, device_of, param_bytes
+from helpers.device import device_of
+from helpers.nets import ResidualMLP, param_bytes
 
 
 def test_block_wrapper_is_called_per_block() -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import amp, formulas, pitfalls
+from helpers import amp, formulas, pitfalls, training
 from helpers.accumulation import accumulated_grad, compare_grads, full_batch_grad
 from helpers.data import image_batch, regression_batch
 from helpers.lessons import lesson04
@@ -147,7 +147,7 @@ def test_warmup_ends_k_times_earlier_per_micro_step(k: int) -> None:
 
 
 def test_warmup_cosine_shape() -> None:
-    f = pitfalls.warmup_cosine(4, 12)
+    f = training.warmup_cosine(4, 12)
     assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert f(11) == 0.0 and f(100) == 0.0
     assert 0.0 < f(7) < 1.0
@@ -232,8 +232,8 @@ def test_first_update_at_zero_counts_from_one() -> None:
         (lambda: DropoutMLP(4, 0, 1), "width must be"),
         (lambda: DropoutMLP(4, 8, 1)(torch.ones(2, 4), [torch.ones(2, 8)]), "need 2"),
         (lambda: pitfalls.dropout_grads(8, shared_masks=True, batch=4), "larger than"),
-        (lambda: pitfalls.warmup_cosine(8, 8), "must exceed"),
-        (lambda: pitfalls.warmup_cosine(0, 8), "warmup_steps must be"),
+        (lambda: training.warmup_cosine(8, 8), "must exceed"),
+        (lambda: training.warmup_cosine(0, 8), "warmup_steps must be"),
         (lambda: pitfalls.lr_schedule(0), "accum_steps must be"),
         (lambda: pitfalls.lr_schedule(2, per="epoch"), "per='epoch'"),
         (lambda: pitfalls.lr_schedule(2, updates=8, warmup=8), "smaller than"),

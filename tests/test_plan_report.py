@@ -11,8 +11,9 @@ import pytest
 from helpers import estimates, plan
 from helpers.architectures import CausalLM
 from helpers.architectures_config import ArchConfig, param_count
+from helpers.data import BatchSpec
 from helpers.memory_profile import MemoryProfile
-from helpers.meta_profile import BatchSpec, Profiler
+from helpers.meta_profile import Profiler
 from helpers.peak_envelope import PeakEnvelope
 from helpers.plan_report import _count, margin_line, plan_model, reported_card_bytes
 from helpers.preset_profiles import arch_profile, preset_profile

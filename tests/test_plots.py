@@ -12,9 +12,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import pytest
 
-from helpers import plot_layout, plots
-from helpers.plots import plot_measured_table
-from helpers.update_memory import ConfigMemory
+from helpers import plot_layout, plots, units
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,9 +51,9 @@ def test_use_style_applies_the_house_style() -> None:
 
 
 def test_format_bytes_and_units() -> None:
-    assert plots.format_bytes(512) == "512 B"
-    assert plots.format_bytes(3 * 2**20) == "3.0 MiB"
-    assert plots.format_bytes(-2**30) == "-1.0 GiB"
+    assert units.format_bytes(512) == "512 B"
+    assert units.format_bytes(3 * 2**20) == "3.0 MiB"
+    assert units.format_bytes(-2**30) == "-1.0 GiB"
     assert plots.byte_unit(5 * 2**10) == ("KiB", 2**10)
     assert plots.byte_unit(10) == ("B", 1)
     # one unit per column, the largest value's: never "1.0 MiB" beside "1003.8 KiB"
@@ -65,8 +63,8 @@ def test_format_bytes_and_units() -> None:
     assert plots.byte_column([132.4 * 2**10], unit_of=2**20) == ["0.129 MiB"]
     with pytest.raises(ValueError, match="empty"):
         plots.byte_column([])
-    assert plots.format_flops(469_762_048) == "469.76 MFLOP" and plots.format_flops(3.69e9) == "3.69 GFLOP"
-    assert plots.format_flops(12) == "12 FLOP" and plots.format_flops(-2e12) == "-2.00 TFLOP"
+    assert units.format_flops(469_762_048) == "469.76 MFLOP" and units.format_flops(3.69e9) == "3.69 GFLOP"
+    assert units.format_flops(12) == "12 FLOP" and units.format_flops(-2e12) == "-2.00 TFLOP"
 
 
 def test_phase_runs_merge_stray_ops() -> None:
@@ -88,18 +86,6 @@ def test_stacked_bars_and_timeline_draw(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
     plots.show(fig)
     assert len(shown) == 1 and not plt.fignum_exists(fig.number)  # displayed once, then closed
-
-
-def test_budget_line_is_labelled_as_a_drawn_24_gb_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    shown = []
-    monkeypatch.setattr(plots, "show", shown.append)
-    rows = [ConfigMemory(8, 2, 300, 200, 80, 20, "cpu-tracker"),
-            ConfigMemory(4, 4, 200, 100, 80, 20, "cpu-tracker")]
-    plot_measured_table(rows, budget=250.0)
-    (fig,) = shown
-    texts = [t.get_text() for t in fig.axes[0].texts]
-    plt.close(fig)
-    assert any(t.startswith("24 GB budget") and t.endswith("(drawn)") for t in texts), texts
 
 
 def _fig(width: float = 7.5, height: float = 3.6) -> tuple[plt.Figure, plt.Axes]:

@@ -13,8 +13,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from helpers.data import BatchSpec
 from helpers.memory import measure_step
-from helpers.meta_profile import BatchSpec, Profiler
+from helpers.meta_profile import Profiler
 from helpers.plan_report import plan_model
 
 

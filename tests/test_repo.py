@@ -197,7 +197,10 @@ def _notebook_modules(path: Path) -> set[str]:
 
 
 def _lessons_in(modules: set[str]) -> set[str]:
-    return {m for m in modules if m.startswith("helpers.lessons.")}
+    return {m for m in modules if re.fullmatch(r"helpers\.lessons\.lesson\d\d", m)}
+
+
+LESSON_START = {"helpers.lessons.setup"}  # every notebook's first cell: like core, not an instrument
 
 
 def _readme_section(title: str) -> str:
@@ -240,7 +243,7 @@ def _derived_map() -> dict[str, tuple[set[str], set[str]]]:
     rows = {}
     for path in NOTEBOOKS:
         modules = _notebook_modules(path)
-        rows[path.name] = (_lessons_in(modules), modules - _lessons_in(modules) - _core())
+        rows[path.name] = (_lessons_in(modules), modules - _lessons_in(modules) - _core() - LESSON_START)
     return rows
 
 

@@ -11,7 +11,8 @@ import torch
 from helpers import plan
 from helpers.architectures import CausalLM
 from helpers.architectures_config import RELEASED
-from helpers.meta_profile import BatchSpec, Profiler
+from helpers.data import BatchSpec
+from helpers.meta_profile import Profiler
 from helpers.target_kernels import GPUS, cuda_kernel
 
 FLASH, EFFICIENT, MATH = 1, 2, 0

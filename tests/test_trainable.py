@@ -11,8 +11,9 @@ from torch import nn
 from helpers import estimates
 from helpers.architectures import CausalLM
 from helpers.architectures_config import RELEASED
+from helpers.data import BatchSpec
 from helpers.hf_configs import from_hf_config, hf_dict
-from helpers.meta_profile import PURE_BF16_WARNING, BatchSpec, Profiler
+from helpers.meta_profile import PURE_BF16_WARNING, Profiler
 from helpers.plan_report import plan_model
 from helpers.trainable import LoRALinear, apply_trainable, parse_trainable, trainable_count
 

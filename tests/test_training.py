@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.training import IGNORE_INDEX, OPTIMIZERS, linear_warmup, lm_loss, make_optimizer
+from helpers.training import IGNORE_INDEX, OPTIMIZERS, lm_loss, make_optimizer, warmup_cosine
 
 
 def test_lm_loss_is_cross_entropy_over_valid_tokens() -> None:
@@ -62,5 +62,5 @@ def test_state_per_param_matches_what_the_optimizer_keeps(name: str) -> None:
 
 
 def test_linear_warmup() -> None:
-    w = linear_warmup(4)
+    w = warmup_cosine(4)
     assert [w(u) for u in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]

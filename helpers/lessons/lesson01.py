@@ -22,28 +22,28 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from helpers import plots
+from helpers import plots, units
 from helpers.data import token_batch
 from helpers.device import SCALES
 from helpers.formulas import FP32, activation_bytes_per_example, param_counts, predicted_update_peak_bytes
 from helpers.memory import StepMemory, run_or_oom
 from helpers.models import GPT, explainer_config, explainer_model
-from helpers.plots import BUDGET_LABEL
+from helpers.plots import figure, show, stacked_bars
 from helpers.saved_tensors import origin_group
 from helpers.training import lm_loss
-from helpers.update_memory import measure_config, measure_update
+from helpers.update_memory import ConfigMemory, measure_config, measure_update
 from helpers.validate import answer_number, choice, non_negative_number, positive_int, positive_number
 
 __all__ = [
-    "EXPLAINER_INPUTS", "GB", "BudgetRow", "LessonSizes", "budget_row", "check_exercise_1",
+    "BUDGET_LABEL", "BudgetRow", "EXPLAINER_INPUTS", "GB", "LessonSizes", "budget_row", "check_exercise_1",
     "check_exercise_2", "check_exercise_3", "drawn_budget", "explainer_table", "lesson_sizes",
-    "plot_peak_vs_steps", "plot_saved_by_origin", "predicted_peak_bytes", "show_update",
-    "widget_latency_cases",
+    "plot_measured_table", "plot_peak_vs_steps", "plot_saved_by_origin", "predicted_peak_bytes",
+    "show_update", "widget_latency_cases",
 ]
 
 GB = 1e9  # the explainer speaks in decimal gigabytes
@@ -197,9 +197,9 @@ def show_update(model: GPT, micro_batch: int, steps: int, optimizer: str, budget
     fits = ""
     if budget is not None:
         room = budget - mem.peak_bytes
-        fits = (f"; fits the budget with {plots.format_bytes(room)} to spare" if room >= 0
-                else f"; over the budget by {plots.format_bytes(-room)}")
-    print(f"{effective}; peak {plots.format_bytes(mem.peak_bytes)} ({mem.method}){fits}")
+        fits = (f"; fits the budget with {units.format_bytes(room)} to spare" if room >= 0
+                else f"; over the budget by {units.format_bytes(-room)}")
+    print(f"{effective}; peak {units.format_bytes(mem.peak_bytes)} ({mem.method}){fits}")
     fig, (ax,) = plots.figure(width=5.8, height=3.4)
     plots.stacked_bars(ax, {f"B={micro_batch}, K={steps}": mem.breakdown}, budget=budget,
                        budget_label=BUDGET_LABEL,
@@ -314,7 +314,7 @@ def check_exercise_1(floor_bytes: object = None, per_example_bytes: object = Non
         elif value is None:
             lines.append(f"{name}: give a number of bytes, got {type(answer).__name__}.")
         elif _close(value, truth, 0.02):
-            lines.append(f"Correct: {name} = {plots.format_bytes(truth)} ({truth:,} bytes; "
+            lines.append(f"Correct: {name} = {units.format_bytes(truth)} ({truth:,} bytes; "
                          f"yours {value:,.0f}).")
         else:
             way = "high" if value > truth else "low"
@@ -385,3 +385,38 @@ def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable
         "optimizer sgd": move(optimizer="sgd"),
         "optimizer adam": move(optimizer="adam"),
     }
+
+
+BUDGET_LABEL = "24 GB budget, scaled (drawn)"
+
+
+def plot_measured_table(rows: Sequence[ConfigMemory], labels: Sequence[str] | None = None,
+                        budget: float | None = None, *, budget_label: str = BUDGET_LABEL) -> None:
+    """Stacked bars (floor, activations, other) of measured rows, with an optional budget line; shown.
+
+    Args:
+        rows: the measured configurations (`ConfigMemory`).
+        labels: one label per row (default "B x K").
+        budget: bytes at which to draw the budget line, if any.
+        budget_label: the budget line's label.
+
+    Raises:
+        ValueError: if `rows` is empty or `labels` has another length.
+    """
+    if not rows:
+        raise ValueError("rows is empty: measure at least one configuration")
+    labels = list(labels) if labels is not None else [f"{r.micro_batch} x {r.steps}" for r in rows]
+    if len(labels) != len(rows):
+        raise ValueError(f"got {len(labels)} labels for {len(rows)} rows")
+    data = {
+        label: {
+            "parameters + gradients + optimizer_state": r.floor_bytes,
+            "activations": r.activations_bytes,
+            "other": r.other_bytes,
+        }
+        for label, r in zip(labels, rows, strict=True)
+    }
+    fig, (ax,) = figure(width=7.5, height=3.4)
+    stacked_bars(ax, data, budget=budget, budget_label=budget_label,
+                       title=f"Measured peak per configuration ({rows[0].method})")
+    show(fig)

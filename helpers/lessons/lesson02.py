@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
-from helpers import plots
+from helpers import plots, units
 from helpers.costs import TradeOff, TradeOffs
 from helpers.device import SCALES, by_scale
 from helpers.formulas import KORTHIKANTI, gpt_step_peak_bytes, korthikanti_terms
@@ -166,8 +166,8 @@ class TradeOffLab(TradeOffs):
         rows.append(yours)
         fig = plot_trade_offs(rows, [label.replace(", ", "\n").replace(": ", ":\n") for label in labels])
         for label, r in zip(labels, rows, strict=True):
-            print(f"{label:>26}: peak {plots.format_bytes(r.memory.peak_bytes):>10}, activations "
-                  f"{plots.format_bytes(r.memory.breakdown['activations']):>10}, extra FLOPs/update "
+            print(f"{label:>26}: peak {units.format_bytes(r.memory.peak_bytes):>10}, activations "
+                  f"{units.format_bytes(r.memory.breakdown['activations']):>10}, extra FLOPs/update "
                   f"{100 * r.extra_flops / r.plain_flops_per_update:+4.0f}%, time/update "
                   f"{r.time_per_update.describe()}")
         print("Time is K x the median micro-step of interleaved runs: shown, not asserted "

@@ -24,21 +24,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from helpers.accumulation import (
-    GradDiff,
-    LossFn,
-    accumulated_grad,
-    clear_grads,
-    compare_grads,
-    full_batch_grad,
-)
-from helpers.device import by_scale
+from helpers.accumulation import GradDiff, LossFn, accumulated_grad, compare_grads, full_batch_grad
+from helpers.device import by_scale, device_of
 from helpers.formulas import gpt_activation_bytes, gpt_param_count
 from helpers.lessons import verdict
 from helpers.memory import MicroStepMemory, micro_step_memory, run_or_oom, saved_activation_bytes
 from helpers.models import GPTConfig
-from helpers.nets import device_of
-from helpers.training import lm_loss
+from helpers.training import clear_grads, lm_loss
 from helpers.validate import answer_number, positive_int
 
 if TYPE_CHECKING:
@@ -282,7 +274,8 @@ def show_micro_step_memory(
         {name: `MicroStepMemory`} of the loops that fit.
     """
     from helpers.data import token_batch
-    from helpers.plots import figure, format_bytes, show
+    from helpers.plots import figure, show
+    from helpers.units import format_bytes
 
     positive_int("micro_batch", micro_batch)
     positive_int("steps", steps)

@@ -130,14 +130,14 @@ class PlannerLab:
     def show(self, budget_bytes: float, micro_batch: int, accumulation_steps: int,
              checkpointed: bool) -> None:
         """One slider move: measure, predict, recommend, print and draw."""
-        from helpers import plots
+        from helpers import plots, units
 
         measured, predicted, plan = self.answer(budget_bytes, micro_batch, accumulation_steps, checkpointed)
         k = accumulation_steps
         fits = measured.peak_bytes <= budget_bytes
         print(f"effective batch B x K = {micro_batch} x {k} = {micro_batch * k}"
               f"{', checkpointed' if checkpointed else ''}")
-        fmt = plots.format_bytes
+        fmt = units.format_bytes
         print(f"peak: predicted {fmt(predicted)}, measured {fmt(measured.peak_bytes)}"
               f" ({100 * (predicted / measured.peak_bytes - 1):+.1f}%, {measured.method}, "
               f"set by the {measured.binding_phase} phase) -> "
@@ -160,7 +160,7 @@ class PlannerLab:
 
     def budget_options(self, max_micro_batch: int, n: int = 12) -> list[tuple[str, int]]:
         """Budget choices for a slider: from below the floor to above the largest plain peak."""
-        from helpers.plots import format_bytes
+        from helpers.units import format_bytes
 
         low = 0.9 * self.plain.floor_bytes
         high = 1.1 * self.plain.predict_peak(max_micro_batch, accumulation_steps=2)

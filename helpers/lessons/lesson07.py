@@ -15,8 +15,8 @@ from helpers.distributed import (
     check_batch_sizes,
     ddp_accumulated_grad,
     lesson_data,
-    lesson_model,
     mse_loss,
+    replica_model,
 )
 from helpers.fsdp import FSDPStepMemory
 from helpers.launcher import WorkerPool, shared_pool
@@ -81,7 +81,7 @@ def data_parallel_report(micro_batch: int, accumulation_steps: int, world_size: 
 
     sizes = check_batch_sizes(None, micro_batch, accumulation_steps, world_size)
     x, y = lesson_data(sizes.train_batch, seed=seed)
-    model_fn = functools.partial(lesson_model, width)
+    model_fn = functools.partial(replica_model, width)
     ref = full_batch_grad(model_fn(), mse_loss, x, y)
     kw = dict(micro_batch=micro_batch, accumulation_steps=accumulation_steps, world_size=world_size,
               pool=pool)

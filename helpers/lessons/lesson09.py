@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from helpers import units
 from helpers.architectures_config import param_count
+from helpers.data import BatchSpec
 from helpers.device import SCALES, by_scale
 from helpers.memory_profile import MemoryProfile
-from helpers.meta_profile import BatchSpec, Profiler
+from helpers.meta_profile import Profiler
 from helpers.models import GPT, GPTConfig
 from helpers.plan_report import margin_line, reported_card_bytes
 from helpers.planner import recommend
@@ -71,9 +73,9 @@ def show_plan(
     print(f"effective batch B x K = {b} x {k} = {b * k}{', checkpointed' if checkpoint else ''}")
     fits = peak <= usable
     print(
-        f"predicted peak {plots.format_bytes(peak)} "
+        f"predicted peak {units.format_bytes(peak)} "
         f"({profile.binding_phase(b, accumulation_steps=k)} phase binds) "
-        f"-> {'fits' if fits else 'does NOT fit'} in {plots.format_bytes(usable)} "
+        f"-> {'fits' if fits else 'does NOT fit'} in {units.format_bytes(usable)} "
         f"(after a {DEFAULT_CUDA_MARGIN:.0%} CUDA margin)"
     )
     print(margin_line(budget, usable))
@@ -82,7 +84,7 @@ def show_plan(
         print(f"planner for {b * k} examples per update: {plan.describe()}\n  {plan.reason}")
     except ValueError as err:
         print(
-            f"planner: no plan. The floor is {plots.format_bytes(plain.floor_bytes)}; shard, offload or "
+            f"planner: no plan. The floor is {units.format_bytes(plain.floor_bytes)}; shard, offload or "
             f"lower the precision of the model state ({str(err).split('Remedies for the model state: ')[-1]})"
         )
     fig, (ax,) = plots.figure(width=7.0, height=3.0)
@@ -113,12 +115,11 @@ def _card_lines(ax: Axes, budget: float, usable: float, unit: float) -> float:
     with the GB it is sold as; the limit is dotted, at `usable` (the budget less the CUDA margin),
     as `plan_report.margin_line` prints them. Nothing is allocated: both are capacities.
     """
-    from helpers import plots
 
     card = reported_card_bytes(budget)
     sold = f"\n(sold as {budget / GB:.0f} GB)" if card != budget else ""
-    for y, label, style, side in ((card, f"card: about {plots.format_bytes(card)}{sold}", "--", "bottom"),
-                                  (usable, f"plan within {plots.format_bytes(usable)}", ":", "top")):
+    for y, label, style, side in ((card, f"card: about {units.format_bytes(card)}{sold}", "--", "bottom"),
+                                  (usable, f"plan within {units.format_bytes(usable)}", ":", "top")):
         ax.axhline(y / unit, color="crimson", ls=style, lw=1.2)  # card labelled above, limit below
         ax.annotate(label, (0.0, y / unit), xycoords=("axes fraction", "data"),
                     xytext=(2, 2 if side == "bottom" else -2), textcoords="offset points", ha="left", va=side,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from helpers import compiled, frameworks, plots
+from helpers import compiled, frameworks, plots, units
 from helpers.accumulation import compare_grads
 from helpers.device import SCALES
 from helpers.display import text_table
@@ -31,7 +31,7 @@ from helpers.lessons import not_answered
 from helpers.models import GPT, GPTConfig, seeded_gpt
 from helpers.token_loss import count_valid_tokens, split_micro_batches, variable_length_sequences
 from helpers.tokens import fixed_step, full_batch_step, naive_step
-from helpers.training import linear_warmup
+from helpers.training import warmup_cosine
 from helpers.validate import answer_number, choice, number_in_range, positive_int
 
 __all__ = [
@@ -60,7 +60,7 @@ SPREAD = 0.75  # lesson 05's length spread: lengths from 25% to 100% of max_len
 class Sizes:
     """How large lesson 10's experiments are at one scale.
 
-    `lm` sizes the Transformers models (`helpers.hf.causal_lm`); `micro_batch` (B),
+    `lm` sizes the Transformers models (`helpers.hf_models.causal_lm`); `micro_batch` (B),
     `k` (K) and `lr` set every accumulation comparison; the GPT (`d_model`, `heads`,
     `seq_len`, `layers`, `vocab`) is the lessons' own model, used with Accelerate, the
     compiler and the trade-offs; `ce_tokens` x `ce_vocab` are the large-vocabulary logits,
@@ -309,7 +309,7 @@ class BudgetExplorer:
         """Widget 2: print the point and draw it on the curve measured in section 5."""
         p = self.point(micro_batch, budget)
         print(f"micro-batch B = {micro_batch}, activation_memory_budget = {budget:g}: saved "
-              f"{plots.format_bytes(p.saved_bytes)} ({plots.format_bytes(p.saved_bytes / micro_batch)} per "
+              f"{units.format_bytes(p.saved_bytes)} ({units.format_bytes(p.saved_bytes / micro_batch)} per "
               f"sequence), recompute {p.recompute_flops / 1e6:.1f} MFLOPs "
               f"({p.recompute_flops / max(p.baseline_flops, 1):.0%} of the plain backward)")
         plots.show(plot_pareto(self.curve, self.others, highlight=p,
@@ -349,14 +349,14 @@ def check_exercise_2(second_lr: object, *, scale: str = "small") -> str:
     if value is None:
         return not_answered("pass a learning rate (a number).")
     s = lesson_sizes(scale)
-    right, per_update = s.lr * linear_warmup(4 * s.k)(s.k), s.lr * linear_warmup(4 * s.k)(1)
+    right, per_update = s.lr * warmup_cosine(4 * s.k)(s.k), s.lr * warmup_cosine(4 * s.k)(1)
     if abs(value - right) <= 1e-9 + 1e-6 * right:
         return (f"Correct: {right:g}. Stepped per micro-batch, the warmup has advanced K = {s.k} steps "
                 f"by the second update (Lightning issue #1476), instead of 1 ({per_update:g}).")
     if abs(value - per_update) <= 1e-9 + 1e-6 * per_update:
         return (f"That ({per_update:g}) is what Lightning does with interval 'step': one scheduler step "
                 f"per update. Per micro-batch, K = {s.k} steps have passed by the second update.")
-    return ("Not quite. The factor is linear_warmup(4K)(u) for scheduler step u; which u is the second "
+    return ("Not quite. The factor is warmup_cosine(4K)(u) for scheduler step u; which u is the second "
             "update at?")
 
 

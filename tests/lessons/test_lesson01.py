@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import matplotlib.pyplot as plt
 import pytest
 import torch
 
 from helpers.device import SCALES
 from helpers.formulas import activation_bytes_per_example
+from helpers.lessons import lesson01
 from helpers.lessons.lesson01 import (
     budget_row,
     check_exercise_1,
@@ -21,6 +23,7 @@ from helpers.lessons.lesson01 import (
     widget_latency_cases,
 )
 from helpers.models import GPT, explainer_config
+from helpers.update_memory import ConfigMemory
 
 CPU = torch.device("cpu")
 
@@ -98,3 +101,15 @@ def test_widget_cases_cover_every_control(monkeypatch: pytest.MonkeyPatch,
     assert len(figures) == len(cases)  # one figure per move
     with pytest.raises(ValueError, match="scale='huge'"):
         widget_latency_cases("huge", CPU)
+
+
+def test_budget_line_is_labelled_as_a_drawn_24_gb_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    shown = []
+    monkeypatch.setattr(lesson01, "show", shown.append)
+    rows = [ConfigMemory(8, 2, 300, 200, 80, 20, "cpu-tracker"),
+            ConfigMemory(4, 4, 200, 100, 80, 20, "cpu-tracker")]
+    lesson01.plot_measured_table(rows, budget=250.0)
+    (fig,) = shown
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    plt.close(fig)
+    assert any(t.startswith("24 GB budget") and t.endswith("(drawn)") for t in texts), texts

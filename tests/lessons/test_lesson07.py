@@ -29,7 +29,7 @@ def test_exercise_checkers() -> None:
 
 @pytest.mark.parametrize("width", [3, 64])
 def test_mlp_param_formula_matches_torchs_count(width: int) -> None:
-    assert lesson07._mlp_params(width) == _param_count(D.lesson_model(width))
+    assert lesson07._mlp_params(width) == _param_count(D.replica_model(width))
 
 
 @pytest.mark.parametrize(("workers", "w"), [(1, 1), (2, 2), (3, 2), (4, 4)])
@@ -44,7 +44,7 @@ def test_lesson_sizes_per_scale_and_worker_count(monkeypatch: pytest.MonkeyPatch
 def test_predicted_peak_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     """W x (16 bytes x params + 4 bytes x B x depth 2 x 11 x width), with params counted by torch."""
     monkeypatch.setattr(lesson07, "max_workers", lambda: 2)
-    tiny_params = _param_count(D.lesson_model(32))  # 17508
+    tiny_params = _param_count(D.replica_model(32))  # 17508
     assert lesson07.predicted_peak_bytes("tiny") == 2 * (16 * tiny_params + 4 * 2 * 2 * 11 * 32) == 571520
     assert lesson07.predicted_peak_bytes("small") == 2 * (16 * 67780 + 4 * 4 * 2 * 11 * 64) == 2214016
 

@@ -7,8 +7,9 @@ import functools
 import pytest
 
 from helpers.architectures_config import param_count
+from helpers.data import BatchSpec
 from helpers.lessons import lesson09
-from helpers.meta_profile import BatchSpec, Profiler
+from helpers.meta_profile import Profiler
 from helpers.models import GPT
 from helpers.planner import recommend
 from helpers.preset_profiles import preset_profile

@@ -13,7 +13,7 @@ from helpers.device import SCALES
 from helpers.lessons import lesson10 as lab
 from helpers.memory import measure_step
 from helpers.models import seeded_gpt
-from helpers.training import linear_warmup, lm_loss
+from helpers.training import lm_loss, warmup_cosine
 
 matplotlib.use("Agg")
 CI = os.environ.get("CI", "").lower() == "true"
@@ -130,9 +130,9 @@ def test_exercise_1_asks_the_installed_scheduler() -> None:
 
 def test_exercises_2_to_4() -> None:
     s = lab.lesson_sizes("small")
-    right = s.lr * linear_warmup(4 * s.k)(s.k)
+    right = s.lr * warmup_cosine(4 * s.k)(s.k)
     assert lab.check_exercise_2(right).startswith("Correct")
-    assert "what Lightning does" in lab.check_exercise_2(s.lr * linear_warmup(4 * s.k)(1))
+    assert "what Lightning does" in lab.check_exercise_2(s.lr * warmup_cosine(4 * s.k)(1))
     assert lab.check_exercise_2("x").startswith("Not answered")
     assert lab.check_exercise_3("PREFER_SAVE").startswith("Correct")
     assert lab.check_exercise_3(torch.utils.checkpoint.CheckpointPolicy.PREFER_SAVE).startswith("Correct")
