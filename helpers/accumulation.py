@@ -14,7 +14,7 @@ The public API (other lessons rely on these names):
   `l2_rel` (L2 relative: ||candidate - reference|| / ||reference||).
 - `weight_distance(model, reference)`: how far two runs' weights have drifted apart,
   ||w - w_ref|| / ||w_ref||.
-- `check_batch`, `check_micro_batch`, `micro_batch_sizes`: the argument checks the
+- `check_batch`, `check_micro_batch`: the argument checks the
   gradient functions share, public for the lessons' instruments. Each gradient function
   clears `.grad` before and after (`helpers.training.cleared_grads`).
 
@@ -50,7 +50,7 @@ from helpers.validate import positive_int, tensor_arg
 
 __all__ = [
     "GradDiff", "LossFn", "accumulated_grad", "angle_degrees", "check_batch", "check_micro_batch",
-    "compare_grads", "flat_grad", "full_batch_grad", "group_gradient", "micro_batch_sizes",
+    "compare_grads", "flat_grad", "full_batch_grad", "group_gradient",
     "weight_distance",
 ]
 
@@ -83,17 +83,6 @@ def check_micro_batch(micro_batch: int, n: int) -> int:
             f"choose 1 <= micro_batch <= {n}"
         )
     return micro_batch
-
-
-def micro_batch_sizes(n: int, micro_batch: int) -> list[int]:
-    """Sizes of the micro-batches that cut `n` examples into pieces of `micro_batch`.
-
-    The last piece is smaller when `micro_batch` does not divide `n`.
-    """
-    positive_int("n", n)
-    check_micro_batch(micro_batch, n)
-    sizes = [micro_batch] * (n // micro_batch)
-    return sizes + ([n % micro_batch] if n % micro_batch else [])
 
 
 def flat_grad(model: nn.Module) -> torch.Tensor:

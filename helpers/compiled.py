@@ -15,7 +15,6 @@ block), the compiled region is one block of the lessons' GPT, called through
 - `compiled_point(model, h, budget)` and `eager_point(model, h, wrapper)`: one point each,
   for the compiled blocks at a budget, or for eager blocks under any block wrapper
   (full checkpointing, a selective policy, or None).
-- `pareto(model, h, budgets)`: the compiled points for every budget.
 - `saved_by_compiled(out, keep)`: bytes the compiled backward nodes hold for `out`.
 - `backward_flops(out)`: FLOPs `FlopCounterMode` counts in `out`'s backward.
 - `selective(policy)`: a block wrapper that checkpoints with a selective policy.
@@ -32,7 +31,7 @@ import contextlib
 import functools
 import logging
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +52,6 @@ __all__ = [
     "compiled_point",
     "eager_point",
     "full_checkpoint",
-    "pareto",
     "saved_by_compiled",
     "selective",
 ]
@@ -275,10 +273,3 @@ def compiled_point(model: nn.Module, h: torch.Tensor, budget: float = 1.0, *,
             _clean(model, h)
     return RecomputePoint(label or f"compiled, budget {budget:.2f}", saved, flops, baseline, compiled=True,
                           budget=float(budget), warnings=tuple(dict.fromkeys(notes)))
-
-
-def pareto(model: nn.Module, h: torch.Tensor, budgets: Sequence[float] = BUDGETS) -> list[RecomputePoint]:
-    """`compiled_point` for each budget, in the order given."""
-    if not budgets:
-        raise ValueError("budgets is empty; give at least one activation_memory_budget in [0, 1]")
-    return [compiled_point(model, h, b) for b in budgets]

@@ -24,15 +24,8 @@ from helpers.training import IGNORE_INDEX
 from helpers.validate import bool_arg, choice, int_in_range, positive_int
 
 __all__ = [
-    "DROPOUT_FIELDS",
-    "KINDS",
-    "causal_lm",
-    "causal_lm_config",
-    "collate",
-    "dropout_settings",
-    "micro_batches",
-    "predicted_tokens",
-    "training_rows",
+    "DROPOUT_FIELDS", "KINDS", "causal_lm", "causal_lm_config", "collate", "micro_batches",
+    "predicted_tokens", "training_rows",
 ]
 
 KINDS = ("llama", "gpt2")
@@ -94,12 +87,6 @@ def causal_lm(kind: str = "llama", *, seed: int = 0, device: torch.device | str 
         torch.manual_seed(seed)
         model = cls(cfg)
     return model.to(device=device, dtype=torch.float32).train()
-
-
-def dropout_settings(model: nn.Module) -> dict[str, float]:
-    """The dropout probabilities in `model.config` (every field whose name holds "drop")."""
-    cfg = model.config.to_dict()  # type: ignore[union-attr]
-    return {k: v for k, v in cfg.items() if "drop" in k and isinstance(v, float)}
 
 
 # -- data --------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from support.fixtures import tiny_token_lm  # noqa: F401  (a fixture, shared with every test below)
 
 from helpers.device import seed_everything
 

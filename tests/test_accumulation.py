@@ -18,7 +18,6 @@ from helpers.accumulation import (
     flat_grad,
     full_batch_grad,
     group_gradient,
-    micro_batch_sizes,
     weight_distance,
 )
 from helpers.data import image_batch, regression_batch, token_batch
@@ -194,12 +193,6 @@ def test_public_checks():
         check_micro_batch(True, 4)
 
 
-def test_micro_batch_sizes():
-    assert micro_batch_sizes(10, 4) == [4, 4, 2]
-    assert micro_batch_sizes(8, 4) == [4, 4]
-    assert micro_batch_sizes(3, 3) == [3]
-
-
 # -- errors -------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("micro_batch", "match"),
@@ -240,7 +233,7 @@ def test_other_bad_arguments():
     with pytest.raises(ValueError, match="non-zero"):
         compare_grads(torch.zeros(3), torch.ones(3))
     with pytest.raises(ValueError, match="larger than the batch"):
-        micro_batch_sizes(3, 4)
+        check_micro_batch(4, 3)
 
 
 @pytest.mark.cuda

@@ -16,7 +16,6 @@ import torch
 from helpers import distributed as D
 from helpers.accumulation import compare_grads, full_batch_grad
 from helpers.launcher import WorkerPool
-from helpers.lessons import lesson07
 
 
 # -- batch bookkeeping ---------------------------------------------------------------------------
@@ -90,8 +89,6 @@ def test_argument_names_start_the_messages() -> None:
         D.replica_model(depth=0)
     with pytest.raises(ValueError, match="^n must"):
         D.lesson_data(0)
-    with pytest.raises(ValueError, match="^scale="):
-        lesson07.predicted_peak_bytes("huge")
     x, y = D.lesson_data(8)
     kw = dict(micro_batch=2, accumulation_steps=2, world_size=2)
     with pytest.raises(TypeError, match="^no_sync must be a bool"):
@@ -133,8 +130,7 @@ def test_lesson_model_and_bn_model_sizes_and_seed() -> None:
 def test_results_are_frozen_and_the_counter_starts_empty() -> None:
     grad = D.DDPGrad(torch.zeros(2), 1, [True], True, 0.0, indices=[[[0, 1]]])
     sizes = D.BatchSizes(4, 2, 2, 1)
-    report = lesson07.DataParallelReport(sizes, 1, 2, None, True)
-    for obj, name in ((grad, "allreduce_calls"), (sizes, "world_size"), (report, "calls_no_sync")):
+    for obj, name in ((grad, "allreduce_calls"), (sizes, "world_size")):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(obj, name, 3)
     assert "indices" not in repr(grad)  # per-example lists stay out of the printed result

@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from support.transformers_oracles import hf_dict
 from torch import nn
 
 from helpers import plan as plan_command
 from helpers.architectures_config import ArchConfig
 from helpers.checkpointing import apply_ac
 from helpers.data import BatchSpec
-from helpers.hf_configs import HFModel, from_hf_config, hf_dict, transformers_missing
+from helpers.hf_configs import HFModel, from_hf_config, transformers_missing
 from helpers.memory import measure_step
 from helpers.memory_profile import fit_profile
 from helpers.meta_profile import Profiler

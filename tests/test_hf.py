@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from support import transformers_oracles
 
 from helpers import frameworks, hf_models
 from helpers.accumulation import compare_grads
@@ -55,7 +56,7 @@ def test_models_come_from_configs_with_dropout_off(hf) -> None:
     a, b = hf_models.causal_lm("gpt2", seed=1, **SIZES), hf_models.causal_lm("gpt2", seed=1, **SIZES)
     assert torch.equal(torch.random.get_rng_state(), state)  # the caller's random stream is untouched
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
-    assert a.training and set(hf_models.dropout_settings(a).values()) == {0.0}
+    assert a.training and set(transformers_oracles.dropout_settings(a).values()) == {0.0}
     assert not a.config.use_cache
     with pytest.raises(ValueError, match="kind='bert' is not allowed"):
         hf_models.causal_lm_config("bert")

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.transformers_oracles import hf_dict
 
 from helpers import hf_configs
 from helpers.architectures_config import PUBLISHED_PARAMETERS, RELEASED, ArchConfig
-from helpers.hf_configs import arch_from_hf, from_hf_config, hf_dict, transformers_missing
+from helpers.hf_configs import arch_from_hf, from_hf_config, transformers_missing
 from helpers.meta_profile import Profiler
 
 CI = os.environ.get("CI", "").lower() == "true"

@@ -4,34 +4,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+from support.updates import mlp_adam, mlp_update
 
 from helpers import phases
 from helpers.accumulation import compare_grads, flat_grad, full_batch_grad
-from helpers.data import regression_batch, token_batch
-from helpers.lessons.lesson06 import lesson_model
-from helpers.models import GPTConfig, seeded_gpt
-from helpers.nets import ResidualMLP
+from helpers.data import token_batch
+from helpers.models import GPT, GPTConfig, seeded_gpt
 from helpers.training import lm_loss
 
 CPU = torch.device("cpu")
+SMALL_GPT = GPTConfig(vocab_size=1024, seq_len=16, d_model=32, n_heads=2, n_layers=2, dropout=0.0)
 TINY = GPTConfig(vocab_size=5, seq_len=3, d_model=4, n_heads=2, n_layers=2, dropout=0.0)
 
 
 def _mlp_phases(b: int) -> phases.PhaseMemory:
-    torch.manual_seed(0)
-    model = ResidualMLP(d_in=64, width=256, depth=3, d_out=8)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    batches = [regression_batch(16 * b, 64, 8, seed=i) for i in range(2)]
-
-    def update() -> None:
-        opt.zero_grad(set_to_none=True)
-        for x, y in batches:
-            (F.mse_loss(model(x), y) / 2).backward()
-        opt.step()
-
-    update()  # warm-up: Adam's state exists
-    return phases.measure_phases(update, model=model, optimizer=opt)
+    model, opt = mlp_adam()
+    return phases.measure_phases(mlp_update(model, opt, b), model=model, optimizer=opt)
 
 
 def test_phase_memory_reads_like_step_memory() -> None:
@@ -52,7 +40,7 @@ def test_measure_phases_validates() -> None:
 
 
 def test_update_measurer_validates() -> None:
-    model = lesson_model("tiny", CPU)
+    model = GPT(SMALL_GPT).train()
     with pytest.raises(TypeError, match="GPT"):
         phases.UpdateMeasurer(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="checkpointed"):
@@ -64,7 +52,7 @@ def test_update_measurer_validates() -> None:
 
 
 def test_checkpointing_lowers_the_measured_forward_peak() -> None:
-    model = lesson_model("tiny", CPU)
+    model = GPT(SMALL_GPT).train()
     plain = phases.UpdateMeasurer(model)
     ckpt = phases.UpdateMeasurer(model, checkpointed=True, optimizer=plain.optimizer)
     a, b = plain(8), ckpt(8)

@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from helpers import amp, formulas, pitfalls, training
 from helpers.accumulation import accumulated_grad, compare_grads, full_batch_grad
 from helpers.data import image_batch, regression_batch
-from helpers.lessons import lesson04
 from helpers.nets import ConvNet, DropoutMLP, ResidualMLP
 
 matplotlib.use("Agg")
@@ -88,7 +87,6 @@ def test_dropout_masks_are_the_only_cause() -> None:
         lambda: pitfalls.norm_error_curve("batch", batch=8, mode="eval", **TINY),
         lambda: pitfalls.dropout_grads(4, shared_masks=False, batch=8),
         lambda: pitfalls.dropout_grads(4, shared_masks=True, batch=8),
-        lambda: lesson04.bn_error_by_steps(2, 2, "batch", **TINY),
     ],
 )
 def test_helpers_leave_the_global_rng_alone(call) -> None:
@@ -247,8 +245,6 @@ def test_first_update_at_zero_counts_from_one() -> None:
                                 *regression_batch(4, 8), 2, init_scale=-1.0), "init_scale"),
         (lambda: amp.amp_update(ResidualMLP(8, 16, 1, 1), F.mse_loss,
                                 *regression_batch(4, 8), 2, loss_weight=0.0), "loss_weight"),
-        (lambda: lesson04.bn_error_by_steps(0, 4), "micro_batch must be"),
-        (lambda: lesson04.lesson_sizes("huge"), "scale='huge'"),
         (lambda: formulas.convnet_activation_bytes(0, width=4, depth=1, size=4), "batch must be"),
         (lambda: pitfalls.dropout_grads(2, shared_masks=True, batch=4, seed=-1), "seed must be"),
     ],

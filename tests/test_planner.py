@@ -10,14 +10,11 @@ import dataclasses
 import math
 
 import pytest
-import torch
-import torch.nn.functional as F
+from support.updates import mlp_adam, mlp_update
 
 from helpers import estimates, formulas, memory_profile, planner
-from helpers.data import regression_batch
 from helpers.memory import StepMemory, measure_step
 from helpers.models import GPTConfig
-from helpers.nets import ResidualMLP
 from helpers.phases import PhaseMemory, measure_phases
 
 MiB = 2**20
@@ -38,20 +35,10 @@ CKPT = _profile(activation_bytes_per_example=2 * MiB, label="checkpointed")
 
 # -- a real profile of a model that is not the lesson's ---------------------------------------
 def _mlp_measure(phases: bool):
-    torch.manual_seed(0)
-    model = ResidualMLP(d_in=64, width=256, depth=3, d_out=8)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model, opt = mlp_adam()
 
     def measure(b: int):
-        batches = [regression_batch(16 * b, 64, 8, seed=i) for i in range(2)]
-
-        def update() -> None:
-            opt.zero_grad(set_to_none=True)
-            for x, y in batches:
-                (F.mse_loss(model(x), y) / 2).backward()
-            opt.step()
-
-        update()  # warm-up: Adam's state exists
+        update = mlp_update(model, opt, b)
         try:
             if phases:
                 return measure_phases(update, model=model, optimizer=opt)

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 import torch
+from support.transformers_oracles import hf_dict
 
 from helpers import presets
 from helpers.architectures_config import RELEASED
-from helpers.hf_configs import hf_dict
 from helpers.presets import example_classifier, hf_factory, load_factory, parse_budget
 
 

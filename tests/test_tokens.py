@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from support.fixtures import L, V, token_samples
 
 from helpers import tokens
 from helpers.accumulation import compare_grads
@@ -31,16 +32,11 @@ from helpers.tokens import (
 )
 from helpers.training import IGNORE_INDEX
 
-V, L = 16, 12
-
 
 @pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
-    return tiny_lm(vocab_size=V, max_len=L, d_model=16, n_layers=1, seed=0)
+def model(tiny_token_lm: torch.nn.Module) -> torch.nn.Module:
+    return tiny_token_lm
 
-
-def _samples(n: int = 8, spread: float = 0.8, seed: int = 0):
-    return variable_length_sequences(n, L, V, spread=spread, seed=seed)
 
 
 # -- data --------------------------------------------------------------------------------
@@ -63,7 +59,7 @@ def test_lengths_reject_bad_arguments(kwargs: dict, match: str) -> None:
 
 
 def test_padding_marks_labels_and_pads_to_the_longest() -> None:
-    samples = _samples()
+    samples = token_samples()
     mb = pad_sequences(samples[:3])
     longest = max(len(x) for x, _ in samples[:3])
     assert mb.input_ids.shape == mb.labels.shape == (3, longest)
@@ -76,7 +72,7 @@ def test_padding_marks_labels_and_pads_to_the_longest() -> None:
 
 
 def test_split_micro_batches() -> None:
-    samples = _samples(10)
+    samples = token_samples(10)
     mbs = split_micro_batches(samples, 4)
     assert [mb.labels.shape[0] for mb in mbs] == [4, 4, 2]
     assert sum(mb.n_tokens for mb in mbs) == sum(len(x) for x, _ in samples)
@@ -89,12 +85,12 @@ def test_split_micro_batches() -> None:
 
 # -- the group-normalised loss -----------------------------------------------------------
 def _group(model: torch.nn.Module):
-    mbs = split_micro_batches(_samples(), 2)
+    mbs = split_micro_batches(token_samples(), 2)
     return [model(mb.input_ids) for mb in mbs], [mb.labels for mb in mbs]
 
 
 def test_group_loss_equals_the_full_batch_token_mean(model: torch.nn.Module) -> None:
-    samples = _samples()
+    samples = token_samples()
     full = pad_sequences(samples)
     logits = model(full.input_ids)
     reference = F.cross_entropy(logits.flatten(0, 1), full.labels.flatten(),
@@ -144,7 +140,7 @@ def test_micro_batch_loss_rejects_a_bad_count(model: torch.nn.Module) -> None:
 
 # -- the claims --------------------------------------------------------------------------
 def test_naive_is_wrong_and_fixed_is_right_with_variable_lengths(model: torch.nn.Module) -> None:
-    samples = _samples(8, spread=0.8)
+    samples = token_samples(8, spread=0.8)
     mbs = split_micro_batches(samples, 2)
     assert len({mb.n_tokens for mb in mbs}) > 1
     full = full_batch_step(model, samples)
@@ -156,7 +152,7 @@ def test_naive_is_wrong_and_fixed_is_right_with_variable_lengths(model: torch.nn
 
 
 def test_equal_lengths_make_the_naive_loop_exact(model: torch.nn.Module) -> None:
-    samples = _samples(8, spread=0.0)
+    samples = token_samples(8, spread=0.0)
     full = full_batch_step(model, samples)
     naive = naive_step(model, split_micro_batches(samples, 2))
     assert compare_grads(full.grad, naive.grad).max_rel <= 1e-5
@@ -164,7 +160,7 @@ def test_equal_lengths_make_the_naive_loop_exact(model: torch.nn.Module) -> None
 
 
 def test_partial_final_group(model: torch.nn.Module) -> None:
-    group = _samples(4, seed=3)  # the last group: 2 micro-batches where K = 4
+    group = token_samples(4, seed=3)  # the last group: 2 micro-batches where K = 4
     mbs = split_micro_batches(group, 2)
     full = full_batch_step(model, group)
     assert compare_grads(full.grad, fixed_step(model, mbs).grad).max_rel <= 1e-5
@@ -172,7 +168,7 @@ def test_partial_final_group(model: torch.nn.Module) -> None:
 
 
 def test_workers_need_the_global_count_and_a_factor_w(model: torch.nn.Module) -> None:
-    samples, w = _samples(8, seed=5), 4
+    samples, w = token_samples(8, seed=5), 4
     shards = [split_micro_batches(samples[2 * i : 2 * i + 2], 1) for i in range(w)]
     counts = [count_valid_tokens([mb.labels for mb in s]) for s in shards]
     full = full_batch_step(model, samples).grad
@@ -213,7 +209,7 @@ def test_report_rejects_a_k_that_does_not_divide(model: torch.nn.Module, k: obje
 @pytest.mark.cuda
 def test_fix_matches_the_full_batch_on_cuda() -> None:
     gpu = tiny_lm(vocab_size=V, max_len=L, d_model=32, n_layers=2, seed=0).to("cuda")
-    samples = _samples(16, spread=1.0, seed=7)
+    samples = token_samples(16, spread=1.0, seed=7)
     mbs = split_micro_batches(samples, 2, device="cuda")
     full = full_batch_step(gpu, samples)
     assert compare_grads(full.grad, fixed_step(gpu, mbs).grad).max_rel <= 1e-5
@@ -297,7 +293,7 @@ def test_the_shortest_sequences_have_two_tokens() -> None:
 
 
 def test_naive_step_rejects_a_zero_divisor(model: torch.nn.Module) -> None:
-    mbs = split_micro_batches(_samples(4), 2)
+    mbs = split_micro_batches(token_samples(4), 2)
     with pytest.raises(ValueError, match="divide_by"):
         naive_step(model, mbs, divide_by=0)
     with pytest.raises(ValueError, match="at least one micro-batch"):
@@ -305,7 +301,7 @@ def test_naive_step_rejects_a_zero_divisor(model: torch.nn.Module) -> None:
 
 
 def test_group_loss_rejects_lists_of_different_lengths(model: torch.nn.Module) -> None:
-    mb = pad_sequences(_samples(2))
+    mb = pad_sequences(token_samples(2))
     logits = model(mb.input_ids)
     with pytest.raises(ValueError):
         group_normalised_loss([logits], [mb.labels, mb.labels])
@@ -339,8 +335,8 @@ def test_the_lesson_model_has_one_head_per_16_channels(d_model: int, heads: int)
 
 def test_results_are_frozen(model: torch.nn.Module) -> None:
     r = accumulation_report(model, 2, 2, 1.0)
-    step = full_batch_step(model, _samples(2))
-    mb = pad_sequences(_samples(2))
+    step = full_batch_step(model, token_samples(2))
+    mb = pad_sequences(token_samples(2))
     for obj, name in ((r, "k"), (step, "loss"), (mb, "labels")):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(obj, name, None)

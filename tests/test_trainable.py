@@ -6,13 +6,14 @@ import dataclasses
 
 import pytest
 import torch
+from support.transformers_oracles import hf_dict
 from torch import nn
 
 from helpers import estimates
 from helpers.architectures import CausalLM
 from helpers.architectures_config import RELEASED
 from helpers.data import BatchSpec
-from helpers.hf_configs import from_hf_config, hf_dict
+from helpers.hf_configs import from_hf_config
 from helpers.meta_profile import PURE_BF16_WARNING, Profiler
 from helpers.plan_report import plan_model
 from helpers.trainable import LoRALinear, apply_trainable, parse_trainable, trainable_count

@@ -39,3 +39,20 @@ def test_exercise_checkers(check, right, wrong, capsys) -> None:
     assert check(*right).startswith("Correct")
     assert check(*wrong).startswith("Not yet")
     assert check(*[None] * len(right)).startswith("Not yet")  # never raises on odd input
+
+
+def test_bn_error_by_steps_leaves_the_global_rng_alone() -> None:
+    torch.manual_seed(123)
+    want = torch.rand(3)
+    torch.manual_seed(123)
+    lesson04.bn_error_by_steps(2, 2, "batch", width=4, depth=2, size=8)
+    assert torch.equal(torch.rand(3), want)
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: lesson04.bn_error_by_steps(0, 4), "micro_batch must be"),
+    (lambda: lesson04.lesson_sizes("huge"), "scale='huge'"),
+])
+def test_bad_arguments_raise_value_error(call, match: str) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=match):
+        call()

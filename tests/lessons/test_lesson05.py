@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 import torch.nn.functional as F
+from support.fixtures import L, V, token_samples
 
 from helpers.accumulation import compare_grads
 from helpers.device import SCALES
@@ -38,16 +39,10 @@ from helpers.training import IGNORE_INDEX
 
 matplotlib.use("Agg")
 
-V, L = 16, 12
-
-
 @pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
-    return tiny_lm(vocab_size=V, max_len=L, d_model=16, n_layers=1, seed=0)
+def model(tiny_token_lm: torch.nn.Module) -> torch.nn.Module:
+    return tiny_token_lm
 
-
-def _samples(n: int = 8, spread: float = 0.8, seed: int = 0):
-    return variable_length_sequences(n, L, V, spread=spread, seed=seed)
 
 
 # -- sizes and the per-lesson protocol -----------------------------------------------------
@@ -133,7 +128,7 @@ def test_training_curves() -> None:
 # -- exercise checkers: the answers they expect are the measured ones ------------------------
 def test_exercise_1_sorting_makes_the_naive_error_larger(model: torch.nn.Module) -> None:
     for seed in (0, 1, 2):
-        samples = _samples(16, spread=1.0, seed=seed)
+        samples = token_samples(16, spread=1.0, seed=seed)
         by_length = sorted(samples, key=lambda s: len(s[0]))
         full = full_batch_step(model, samples).grad
         errors = [compare_grads(full, naive_step(model, split_micro_batches(s, 4)).grad).max_rel
@@ -148,7 +143,7 @@ def test_exercise_1_sorting_makes_the_naive_error_larger(model: torch.nn.Module)
 
 
 def test_exercise_2_padding_only_micro_batch_and_group(model: torch.nn.Module) -> None:
-    mbs = split_micro_batches(_samples(), 2)
+    mbs = split_micro_batches(token_samples(), 2)
     mbs[1] = MicroBatch(mbs[1].input_ids, torch.full_like(mbs[1].labels, IGNORE_INDEX))
     naive = naive_step(model, mbs)
     assert math.isnan(naive.loss), "the empty micro-batch's token mean is 0 / 0"

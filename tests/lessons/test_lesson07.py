@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -144,3 +146,11 @@ def test_no_sync_bars_colour_the_buggy_loop_as_buggy() -> None:
     assert {t.get_text() for t in fig.axes[0].get_legend().get_texts()} == set(NO_SYNC_KINDS)
     fig.tight_layout()
     assert plot_layout.layout_problems(fig) == []
+
+
+def test_the_report_is_frozen_and_a_bad_scale_is_named() -> None:
+    report = lesson07.DataParallelReport(D.BatchSizes(4, 2, 2, 1), 1, 2, None, True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.calls_no_sync = 3  # type: ignore[misc]
+    with pytest.raises(ValueError, match="^scale="):
+        lesson07.predicted_peak_bytes("huge")
