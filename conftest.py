@@ -62,8 +62,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # What every notebook's kernel imports and the tests import too: the worker imports it before it forks
 # the zygote, so the two share one copy. Imports only: nothing runs that a notebook could see.
 # (Not ipykernel: importing it changes where tqdm writes in the worker; the zygote imports it.)
-COMMON_IMPORTS = ("torch._dynamo", "matplotlib.pyplot", "ipywidgets", "helpers.device", "helpers.display",
-                  "helpers.plots")
+COMMON_IMPORTS = ("torch._dynamo", "matplotlib.pyplot", "ipywidgets", "helpers.core.device",
+                  "helpers.core.display", "helpers.core.plots")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

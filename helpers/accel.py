@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.training import IGNORE_INDEX
-from helpers.validate import positive_int
+from helpers.core.training import IGNORE_INDEX
+from helpers.core.validate import positive_int
 
 __all__ = [
     "GradientProbe",

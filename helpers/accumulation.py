@@ -16,7 +16,7 @@ The public API (other lessons rely on these names):
   ||w - w_ref|| / ||w_ref||.
 - `check_batch`, `check_micro_batch`: the argument checks the
   gradient functions share, public for the lessons' instruments. Each gradient function
-  clears `.grad` before and after (`helpers.training.cleared_grads`).
+  clears `.grad` before and after (`helpers.core.training.cleared_grads`).
 
 Lesson 03's widgets and plots live in `helpers.lessons.lesson03`, its throughput sweep in
 `helpers.costs`, the memory per micro-step in `helpers.memory`; lesson 04's pitfalls in
@@ -45,8 +45,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from helpers.training import cleared_grads, trainable_params
-from helpers.validate import positive_int, tensor_arg
+from helpers.core.training import cleared_grads, trainable_params
+from helpers.core.validate import positive_int, tensor_arg
 
 __all__ = [
     "GradDiff", "LossFn", "accumulated_grad", "angle_degrees", "check_batch", "check_micro_batch",

@@ -47,7 +47,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-from helpers.device import CPU_TRACKER
+from helpers.core.device import CPU_TRACKER
 from helpers.timeline import CATEGORIES, Timeline, _category, _Record
 from helpers.tracker import MemoryTracker
 

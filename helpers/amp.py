@@ -22,11 +22,7 @@ from helpers.accumulation import (
     compare_grads,
     flat_grad,
 )
-from helpers.validate import (
-    choice,
-    number_in_range,
-    positive_number,
-)
+from helpers.core.validate import choice, number_in_range, positive_number
 
 __all__ = ["AMP_ORDERS", "AmpOutcome", "Underflow", "amp_dtype", "amp_update", "fp16_underflow"]
 

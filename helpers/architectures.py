@@ -42,9 +42,9 @@ from torch import nn
 
 from helpers.architectures_config import RELEASED, ArchConfig
 from helpers.architectures_layers import GPT2Block, LlamaBlock, RMSNorm, Rotary
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
+from helpers.core.validate import choice, positive_int
 from helpers.nets import BlockWrapper
-from helpers.validate import choice, positive_int
 
 __all__ = ["CausalLM", "released"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helpers.validate import choice, number_in_range, positive_int, positive_number
+from helpers.core.validate import choice, number_in_range, positive_int, positive_number
 
 __all__ = ["FAMILIES", "PUBLISHED_PARAMETERS", "RELEASED", "ArchConfig", "param_count"]
 

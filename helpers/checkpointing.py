@@ -25,17 +25,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
+from helpers.core.validate import bool_arg, callable_arg, choice, instance_arg, int_at_least
 from helpers.nets import BlockWrapper
 from helpers.saved_tensors import (
     attention_core_policy,
     save_matmul_outputs,
-)
-from helpers.validate import (
-    bool_arg,
-    callable_arg,
-    choice,
-    instance_arg,
-    int_at_least,
 )
 
 __all__ = [

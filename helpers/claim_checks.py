@@ -15,15 +15,16 @@ from collections.abc import Callable
 import torch
 
 from helpers import accumulation as acc
-from helpers import amp, costs, formulas, pitfalls, tokens, training
+from helpers import amp, costs, formulas, pitfalls, tokens
 from helpers.checkpointing import apply_ac
 from helpers.claim_lab import LAB_CONFIG, SWEEP, Evidence, Lab
 from helpers.claim_lab import gib as _gib
-from helpers.data import regression_batch
+from helpers.core import training
+from helpers.core.data import regression_batch
+from helpers.core.training import lm_loss
 from helpers.memory import micro_step_memory, new_live_bytes, record_timeline, saved_activation_bytes
 from helpers.models import deep_gpt_setup
 from helpers.nets import ResidualMLP, param_bytes
-from helpers.training import lm_loss
 from helpers.update_memory import ConfigMemory, activation_sweep, measure_config
 
 
@@ -185,7 +186,7 @@ def _c_ckpt_flops(lab: Lab) -> Evidence:
         finally:
             training.clear_grads(model)
     forwards = extra / region
-    from helpers.units import format_flops  # matplotlib, imported only when the check runs
+    from helpers.core.units import format_flops  # matplotlib, imported only when the check runs
 
     return Evidence(0 < extra <= region, forwards, "forwards of the checkpointed blocks",
                     f"lesson 02's model: {format_flops(extra)} extra per forward+backward; one forward "

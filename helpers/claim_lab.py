@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from helpers.data import token_batch
-from helpers.device import lesson_scale
+from helpers.core.data import token_batch
+from helpers.core.device import lesson_scale
+from helpers.core.validate import choice
 from helpers.models import (
     GPT,
     GPTConfig,
@@ -22,7 +23,6 @@ from helpers.models import (
     explainer_model,
     seeded_gpt,
 )
-from helpers.validate import choice
 
 __all__ = ["LAB_CONFIG", "LESSON_MODELS", "LESSON_MODEL_CLAIMS", "SWEEP", "Evidence", "Lab", "gib"]
 
@@ -108,7 +108,7 @@ class Evidence:
 
 
 def gib(n: float) -> str:
-    """`n` bytes for a ledger sentence (`helpers.units.format_bytes`)."""
-    from helpers.units import format_bytes
+    """`n` bytes for a ledger sentence (`helpers.core.units.format_bytes`)."""
+    from helpers.core.units import format_bytes
 
     return format_bytes(n)

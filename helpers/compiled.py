@@ -40,9 +40,9 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.checkpointing import apply_ac, make_block_wrapper
+from helpers.core.validate import callable_arg, number_in_range, tensor_arg
 from helpers.memory import saved_activation_bytes
 from helpers.nets import BlockWrapper
-from helpers.validate import callable_arg, number_in_range, tensor_arg
 
 __all__ = [
     "BACKEND",

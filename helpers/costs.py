@@ -24,14 +24,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.accumulation import LossFn, accumulated_grad, check_batch, check_micro_batch
 from helpers.checkpointing import apply_ac
-from helpers.data import token_batch
-from helpers.device import device_of, synchronize
+from helpers.core.data import token_batch
+from helpers.core.device import device_of, synchronize
+from helpers.core.training import OPTIMIZERS, clear_grads, lm_loss
+from helpers.core.validate import bool_arg, callable_arg, choice, instance_arg, int_at_least, positive_int
 from helpers.dispatch import OpObserver
 from helpers.memory import StepMemory, run_or_oom
 from helpers.models import GPT
-from helpers.training import OPTIMIZERS, clear_grads, lm_loss
 from helpers.update_memory import measure_update
-from helpers.validate import bool_arg, callable_arg, choice, instance_arg, int_at_least, positive_int
 
 __all__ = [
     "Timing", "TradeOff", "TradeOffs", "blocks_forward_flops", "count_flops", "count_ops",

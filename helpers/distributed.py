@@ -32,9 +32,9 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.accumulation import flat_grad
+from helpers.core.validate import callable_arg, positive_int, tensor_arg
 from helpers.launcher import WorkerPool, group_for, shared_pool
 from helpers.processes import max_workers
-from helpers.validate import callable_arg, positive_int, tensor_arg
 
 __all__ = [
     "AllReduceCounter", "BatchSizes", "DDPGrad", "bn_model", "check_batch_sizes", "count_allreduces",
@@ -90,7 +90,7 @@ def lesson_data(n: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     Returns:
         (inputs (n, 16), targets (n, 4)).
     """
-    from helpers.data import regression_batch
+    from helpers.core.data import regression_batch
 
     return regression_batch(positive_int("n", n), D_IN, D_OUT, seed=seed)
 

@@ -121,7 +121,7 @@ def check_lessons() -> list[Check]:
     try:
         import torch
 
-        from helpers import device as dev
+        from helpers.core import device as dev
     except ImportError as exc:  # torch missing: already a FAIL line above
         return [Check("FAIL", "lessons", f"cannot import the helpers: {exc}")]
     checks = []

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from helpers.core.validate import choice, positive_int
 from helpers.formulas import korthikanti_activation_bytes
 from helpers.models import GPTConfig
-from helpers.validate import choice, positive_int
 
 __all__ = ["CAVEATS", "EIGHT_BIT", "FSDP", "MIXED_PRECISION", "MIXED_PRECISION_BYTES", "PURE_BF16",
            "Estimate", "RemedyFloor", "popular_estimates", "remedy_floors"]

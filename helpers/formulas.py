@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
+from helpers.core.training import OPTIMIZERS, STATE_PER_PARAM
+from helpers.core.validate import choice, instance_arg, positive_int, positive_number
 from helpers.models import GPT, GPTConfig
-from helpers.training import OPTIMIZERS, STATE_PER_PARAM
-from helpers.validate import choice, instance_arg, positive_int, positive_number
 
 __all__ = [
     "FP32", "KORTHIKANTI", "QUADRATIC_TERMS", "LinearFit", "activation_bytes_per_example",

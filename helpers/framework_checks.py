@@ -14,9 +14,9 @@ from helpers import accumulation as acc
 from helpers import token_loss
 from helpers.claim_lab import Evidence, Lab
 from helpers.claim_lab import gib as _gib
-from helpers.data import regression_batch
+from helpers.core.data import regression_batch
+from helpers.core.training import lm_loss
 from helpers.nets import ResidualMLP
-from helpers.training import lm_loss
 
 _LM = dict(vocab_size=64, hidden=32, layers=2, heads=2, max_len=16)  # a tiny Llama, from a config
 

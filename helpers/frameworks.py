@@ -36,8 +36,8 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from helpers.display import text_table
-from helpers.validate import choice
+from helpers.core.display import text_table
+from helpers.core.validate import choice
 
 __all__ = [
     "EXTRA",

@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from helpers.core.validate import callable_arg, choice, positive_int
 from helpers.distributed import D_IN, D_OUT, lesson_data, mse_loss
 from helpers.launcher import WorkerPool, group_for, shared_pool
 from helpers.processes import max_workers
-from helpers.validate import callable_arg, choice, positive_int
 
 __all__ = [
     "FSDP_PARTS", "FSDP_TRACKER", "FSDPRankMemory", "FSDPStepMemory", "LinearStack", "counted_model",

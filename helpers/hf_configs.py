@@ -36,8 +36,8 @@ from torch import nn
 
 from helpers.architectures import CausalLM
 from helpers.architectures_config import ArchConfig
-from helpers.data import BatchSpec
-from helpers.validate import choice, positive_int
+from helpers.core.data import BatchSpec
+from helpers.core.validate import choice, positive_int
 
 __all__ = [
     "BUILDERS", "HF_TYPES", "HFModel", "arch_from_hf", "from_hf_config", "read_config",

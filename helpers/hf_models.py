@@ -19,9 +19,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from helpers.core.training import IGNORE_INDEX
+from helpers.core.validate import bool_arg, choice, int_in_range, positive_int
 from helpers.frameworks import offline, silence_logs
-from helpers.training import IGNORE_INDEX
-from helpers.validate import bool_arg, choice, int_in_range, positive_int
 
 __all__ = [
     "DROPOUT_FIELDS", "KINDS", "causal_lm", "causal_lm_config", "collate", "micro_batches",

@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from helpers.core.validate import callable_arg, choice, positive_int, positive_number
 from helpers.processes import (
     POOL_START_ENV,
     WorkerError,
@@ -51,7 +52,6 @@ from helpers.processes import (
     max_workers,
     pick_backend,
 )
-from helpers.validate import callable_arg, choice, positive_int, positive_number
 
 __all__ = ["WorkerPool", "group_for", "launch", "shared_pool"]
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from helpers.core.validate import callable_arg, instance_arg, positive_number
 from helpers.frameworks import silence_logs
-from helpers.validate import callable_arg, instance_arg, positive_number
 
 __all__ = ["loop_module", "quiet_trainer", "scheduler_of"]
 

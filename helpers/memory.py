@@ -41,12 +41,12 @@ import torch
 from torch import nn
 
 from helpers.allocator import AllocatorRecord, allocator_timeline
-from helpers.device import CPU_TRACKER, CUDA_ALLOCATOR, TENSOR_TRACKER, device_of
+from helpers.core.device import CPU_TRACKER, CUDA_ALLOCATOR, TENSOR_TRACKER, device_of
+from helpers.core.training import cleared_grads, trainable_params
+from helpers.core.validate import callable_arg, positive_number
 from helpers.dispatch import tensors_in
 from helpers.timeline import Timeline
 from helpers.tracker import MemoryTracker
-from helpers.training import cleared_grads, trainable_params
-from helpers.validate import callable_arg, positive_number
 
 __all__ = [
     "FLOOR", "Mark", "MicroStepMemory", "StepMemory", "floor_of", "measurable_model", "measure_step",
@@ -380,7 +380,7 @@ def run_capped(fn: Callable[[], object], budget_bytes: float, device: torch.devi
     Raises:
         ValueError: if `device` is not CUDA, or `counted_bytes` is not in [0, budget_bytes).
     """
-    from helpers.device import apply_memory_cap, cuda_index
+    from helpers.core.device import apply_memory_cap, cuda_index
 
     if not isinstance(device, torch.device) or device.type != "cuda":
         raise ValueError(f"run_capped needs a CUDA device, got {device!r}; on CPU draw a budget line instead")

@@ -12,8 +12,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from helpers.core.validate import callable_arg, positive_int
 from helpers.formulas import linear_fit
-from helpers.validate import callable_arg, positive_int
 
 __all__ = ["MemoryProfile", "fit_profile"]
 

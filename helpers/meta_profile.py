@@ -57,7 +57,9 @@ import torch
 from torch import nn
 
 from helpers.checkpointing import apply_ac
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
+from helpers.core.training import OPTIMIZERS, make_optimizer
+from helpers.core.validate import ArgTypeError, callable_arg, choice, positive_int
 from helpers.kernel_buffers import (
     kernel_buffers,
     meta_rng_module,
@@ -72,8 +74,6 @@ from helpers.step_profile import StepProfile, _marks_blocks_done, _step_profile
 from helpers.target_kernels import DEFAULT_CAPABILITY, _AutocastRule, _TargetKernels
 from helpers.tracker import MemoryTracker, release_point
 from helpers.trainable import apply_trainable, trainable_count
-from helpers.training import OPTIMIZERS, make_optimizer
-from helpers.validate import ArgTypeError, callable_arg, choice, positive_int
 
 __all__ = [
     "CHECKPOINTS", "OPTIMIZER_IMPLS", "PRECISIONS", "PRECISION_BYTES_PER_PARAM", "PURE_BF16_WARNING",

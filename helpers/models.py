@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.device import SCALES, by_scale
+from helpers.core.device import SCALES, by_scale
+from helpers.core.validate import choice, instance_arg, non_negative_int, number_in_range
 from helpers.nets import (
     _Blocks,
     _check_positive,
 )
-from helpers.validate import choice, instance_arg, non_negative_int, number_in_range
 
 __all__ = [
     "GPT", "CausalSelfAttention", "GPTBlock", "GPTConfig", "deep_gpt_setup", "explainer_config",

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.validate import choice, instance_arg, number_in_range, positive_int
+from helpers.core.validate import choice, instance_arg, number_in_range, positive_int
 
 __all__ = ["NORMS", "BlockWrapper", "ConvNet", "DropoutMLP", "MLPBlock", "ResidualMLP", "param_bytes"]
 

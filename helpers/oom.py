@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from helpers.validate import ArgTypeError
+from helpers.core.validate import ArgTypeError
 
 __all__ = ["ALLOCATOR_SETTINGS", "OOMReport", "format_size", "parse_size", "read_oom_message"]
 

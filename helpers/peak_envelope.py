@@ -32,10 +32,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from helpers.core.validate import positive_int
 from helpers.memory_profile import MemoryProfile
 from helpers.step_profile import BLOCKS_DONE, StepProfile
 from helpers.timeline import Timeline
-from helpers.validate import positive_int
 
 __all__ = ["GROUPS", "EnvelopeProfile", "PeakEnvelope", "envelopes"]
 

@@ -31,14 +31,14 @@ import torch
 from torch import nn
 
 from helpers.checkpointing import apply_ac
-from helpers.data import token_batch
-from helpers.device import device_of
+from helpers.core.data import token_batch
+from helpers.core.device import device_of
+from helpers.core.training import lm_loss, make_optimizer
+from helpers.core.validate import callable_arg, positive_int
 from helpers.memory import floor_of, measurable_model, tracked_run
 from helpers.models import GPT
 from helpers.timeline import Timeline
 from helpers.tracker import MemoryTracker, release_point
-from helpers.training import lm_loss, make_optimizer
-from helpers.validate import callable_arg, positive_int
 
 __all__ = ["PhaseMemory", "UpdateMeasurer", "accumulate_update", "measure_phases", "phase_peaks"]
 

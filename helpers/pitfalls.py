@@ -9,7 +9,7 @@ pitfalls, each with the measurement a notebook needs:
   each micro-batch size), `ghost_batch_grad`, `batchnorm_buffers`.
 - Dropout: `dropout_grads` with `helpers.nets.DropoutMLP`, a model whose dropout
   masks can be passed in, so a full-batch mask can be sliced per micro-batch.
-- Scheduler stepping: `lr_schedule` (a real `LambdaLR` of `helpers.training.warmup_cosine`
+- Scheduler stepping: `lr_schedule` (a real `LambdaLR` of `helpers.core.training.warmup_cosine`
   stepped per update or per micro-step).
 - Mixed precision (in `helpers.amp`; float16 autocast on CPU and CUDA):
   `amp_update` runs one accumulated update with a GradScaler in the correct order or in one
@@ -41,15 +41,10 @@ from helpers.accumulation import (
     flat_grad,
     full_batch_grad,
 )
-from helpers.data import image_batch, regression_batch
+from helpers.core.data import image_batch, regression_batch
+from helpers.core.training import cleared_grads, warmup_cosine
+from helpers.core.validate import choice, int_at_least, int_in_range, positive_int
 from helpers.nets import NORMS, ConvNet, DropoutMLP
-from helpers.training import cleared_grads, warmup_cosine
-from helpers.validate import (
-    choice,
-    int_at_least,
-    int_in_range,
-    positive_int,
-)
 
 __all__ = [
     "BN_MODES", "SCHEDULE_MODES", "Schedule", "batchnorm_buffers", "default_micro_batches", "dropout_grads",

@@ -15,7 +15,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
+from helpers.core.training import OPTIMIZERS
 from helpers.hf_configs import BUILDERS, NO_TRANSFORMERS, transformers_missing
 from helpers.meta_profile import CHECKPOINTS, OPTIMIZER_IMPLS, PRECISIONS, TARGETS, Profiler
 from helpers.plan_report import PlanReport, plan_model
@@ -28,7 +29,6 @@ from helpers.presets import (
     preset_spec,
 )
 from helpers.target_kernels import GPUS
-from helpers.training import OPTIMIZERS
 
 __all__ = ["main"]
 

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from helpers.core.units import format_bytes
+from helpers.core.validate import ArgTypeError, choice, number_in_range, positive_number
 from helpers.estimates import CAVEATS, remedy_floors
 from helpers.memory_profile import MemoryProfile
 from helpers.meta_profile import CHECKPOINTS, PURE_BF16_WARNING, Profiler
 from helpers.planner import Plan, recommend
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB
 from helpers.step_profile import StepProfile
-from helpers.units import format_bytes
-from helpers.validate import ArgTypeError, choice, number_in_range, positive_number
 
 __all__ = ["PlanReport", "cpu_threads_note", "margin_line", "plan_model", "reported_card_bytes"]
 

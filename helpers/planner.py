@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from helpers.core.units import format_bytes
+from helpers.core.validate import positive_int, positive_number
 from helpers.memory_profile import MemoryProfile
-from helpers.units import format_bytes
-from helpers.validate import positive_int, positive_number
 
 __all__ = [
     "DECISION_RULE", "GB", "REMEDIES", "RULE_COROLLARY", "RULE_REFINEMENTS", "NoPlanError", "Plan",

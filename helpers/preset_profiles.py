@@ -15,12 +15,12 @@ import functools
 
 from helpers.architectures import CausalLM
 from helpers.architectures_config import ArchConfig
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
+from helpers.core.validate import positive_int
 from helpers.memory_profile import MemoryProfile
 from helpers.meta_profile import Profiler
 from helpers.peak_envelope import EnvelopeProfile, PeakEnvelope, envelopes
 from helpers.presets import preset_spec
-from helpers.validate import positive_int
 
 __all__ = ["PRESET_MICRO_BATCHES", "arch_profile", "preset_profile"]
 

@@ -19,10 +19,10 @@ from torch import nn
 
 from helpers.architectures import released
 from helpers.architectures_config import RELEASED, ArchConfig
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
+from helpers.core.validate import ArgTypeError, positive_number
 from helpers.hf_configs import HFModel, from_hf_config
 from helpers.nets import ConvNet
-from helpers.validate import ArgTypeError, positive_number
 
 __all__ = [
     "CARDS_GB", "DEFAULT_CUDA_MARGIN", "GB", "PRESETS", "example_classifier", "hf_factory", "load_factory",

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from helpers.validate import positive_int
+from helpers.core.validate import positive_int
 
 __all__ = ["POOL_START_ENV", "WorkerError", "max_workers", "pick_backend"]
 

@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from helpers import training
 from helpers.claim_lab import Lab
 from helpers.claims import CLAIMS, Claim
-from helpers.device import lesson_scale, memory_method, pick_device
-from helpers.display import markdown_table
-from helpers.display import progress as progress_bar
+from helpers.core import training
+from helpers.core.device import lesson_scale, memory_method, pick_device
+from helpers.core.display import markdown_table
+from helpers.core.display import progress as progress_bar
+from helpers.core.units import format_bytes
+from helpers.core.validate import choice
 from helpers.frameworks import FRAMEWORKS, missing
-from helpers.units import format_bytes
-from helpers.validate import choice
 
 __all__ = [
     "Ledger", "Row", "evidence_table", "format_table", "main", "readme_block", "run_check", "run_ledger",
@@ -132,7 +132,7 @@ def run_ledger(
 
     Args:
         only: the claim ids to check (default: all).
-        progress: show `helpers.display.progress`: in a notebook it keeps its final state when
+        progress: show `helpers.core.display.progress`: in a notebook it keeps its final state when
             saved; in a terminal it is a tqdm bar on stderr.
         device: where to run (default: `pick_device()`).
         claims: the claims to choose from.

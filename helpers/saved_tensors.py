@@ -23,9 +23,9 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import CheckpointPolicy
 
+from helpers.core.validate import callable_arg, instance_arg, int_at_least, tensor_arg
 from helpers.dispatch import OpObserver
 from helpers.memory import saved_activation_bytes
-from helpers.validate import callable_arg, instance_arg, int_at_least, tensor_arg
 
 __all__ = [
     "Policy", "SavedTensor", "attention_core_policy", "bytes_by_term", "dropout_mask_bytes", "origin_group",

@@ -19,10 +19,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
+from helpers.core.validate import choice, int_in_range, positive_int
 from helpers.memory import measurable_model, saved_activation_bytes
 from helpers.nets import MLPBlock
 from helpers.tracker import MemoryTracker
-from helpers.validate import choice, int_in_range, positive_int
 
 __all__ = [
     "CHAIN_KINDS", "EXERCISE_CHAIN", "SegmentPoint", "chain_layer_costs", "divisors", "make_chain",

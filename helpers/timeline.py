@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from helpers.device import TENSOR_TRACKER
+from helpers.core.device import TENSOR_TRACKER
 
 __all__ = ["CATEGORIES", "Timeline", "build_timeline"]
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from helpers.data import token_batch
-from helpers.training import IGNORE_INDEX
-from helpers.validate import int_at_least, int_in_range, number_in_range, positive_int, tensor_arg
+from helpers.core.data import token_batch
+from helpers.core.training import IGNORE_INDEX
+from helpers.core.validate import int_at_least, int_in_range, number_in_range, positive_int, tensor_arg
 
 __all__ = [
     "MicroBatch",
@@ -56,7 +56,7 @@ def variable_length_sequences(
 ) -> list[Sample]:
     """`n` (input ids, labels) pairs of lengths from `sequence_lengths`, on the CPU.
 
-    The tokens follow `helpers.data.token_batch`'s rule (each token is the
+    The tokens follow `helpers.core.data.token_batch`'s rule (each token is the
     previous one plus a per-sequence step), cut to each sequence's length.
 
     Args:

@@ -17,7 +17,7 @@ that one count (what Hugging Face Transformers passes as `num_items_in_batch`).
 
 The lesson's sizes, figures, widget, exercise checkers and per-lesson protocol are in
 `helpers.lessons.lesson05`. Labels use `IGNORE_INDEX` (-100, PyTorch's and Hugging Face's
-convention) at padding positions; `helpers.training.lm_loss` skips them.
+convention) at padding positions; `helpers.core.training.lm_loss` skips them.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import torch
 from torch import nn
 
 from helpers.accumulation import GradDiff, compare_grads, flat_grad
+from helpers.core.training import clear_grads, cleared_grads, lm_loss
+from helpers.core.validate import number_in_range, positive_int
 from helpers.models import GPT, GPTConfig
 from helpers.token_loss import (
     MicroBatch,
@@ -39,8 +41,6 @@ from helpers.token_loss import (
     split_micro_batches,
     variable_length_sequences,
 )
-from helpers.training import clear_grads, cleared_grads, lm_loss
-from helpers.validate import number_in_range, positive_int
 
 __all__ = [
     "StepResult", "TokenReport", "accumulation_report", "fixed_step", "full_batch_step", "naive_step",

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from helpers.core.validate import positive_int, positive_number
 from helpers.processes import (
     POOL_START_ENV,
     WorkerError,
@@ -45,7 +46,6 @@ from helpers.processes import (
     _watch_parent,
     pick_backend,
 )
-from helpers.validate import positive_int, positive_number
 
 __all__ = ["RESULTS_ENV", "free_port", "run_main", "run_torchrun", "save_result"]
 

@@ -25,11 +25,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from helpers.core.training import IGNORE_INDEX
+from helpers.core.validate import bool_arg, callable_arg, instance_arg, positive_int, tensor_arg
 from helpers.memory import measurable_model
 from helpers.timeline import Timeline
 from helpers.tracker import MemoryTracker
-from helpers.training import IGNORE_INDEX
-from helpers.validate import bool_arg, callable_arg, instance_arg, positive_int, tensor_arg
 
 __all__ = [
     "CudaOffload",

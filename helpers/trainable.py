@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from helpers.validate import positive_int
+from helpers.core.validate import positive_int
 
 __all__ = ["LORA_DEFAULT_TARGETS", "LoRALinear", "TrainableSpec", "apply_trainable", "parse_trainable",
            "trainable_count"]

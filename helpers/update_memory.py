@@ -19,14 +19,14 @@ from dataclasses import dataclass
 import torch
 
 from helpers.checkpointing import apply_ac
-from helpers.data import token_batch
-from helpers.device import device_of
+from helpers.core.data import token_batch
+from helpers.core.device import device_of
+from helpers.core.training import lm_loss, make_optimizer
+from helpers.core.validate import int_at_least, positive_int
 from helpers.memory import StepMemory, measure_step, run_or_oom
 from helpers.models import GPT
 from helpers.nets import BlockWrapper
 from helpers.tracker import release_point
-from helpers.training import lm_loss, make_optimizer
-from helpers.validate import int_at_least, positive_int
 
 __all__ = ["ConfigMemory", "activation_sweep", "breakdown_for", "measure_config", "measure_update"]
 
@@ -152,7 +152,7 @@ def activation_sweep(
     """
     if len(micro_batches) < 2:
         raise ValueError(f"need at least two micro-batch sizes, got {list(micro_batches)}")
-    from helpers.display import progress as progress_line
+    from helpers.core.display import progress as progress_line
 
     sizes = progress_line(micro_batches, desc="micro-batch sweep") if progress else micro_batches
     return {b: breakdown_for(model, b, optimizer) for b in sizes}

@@ -119,7 +119,7 @@ def run_widgets() -> dict:
     """Time every widget case (in this process) at the lessons' device and scale."""
     from widget_latency import LIMIT_S, latency_table, time_all_cases
 
-    from helpers.device import lesson_scale, pick_device
+    from helpers.core.device import lesson_scale, pick_device
 
     device = pick_device()
     scale = lesson_scale(device)
@@ -147,7 +147,7 @@ def measure_step_overhead(repeats: int = 20) -> dict:
 
     import torch
 
-    from helpers.data import token_batch
+    from helpers.core.data import token_batch
     from helpers.lessons.lesson06 import lesson_model
     from helpers.memory import measure_step
     from helpers.phases import accumulate_update

@@ -55,7 +55,7 @@ MAP_FILE = "mutmut_map.json"
 # Functions whose mutants change no measured number: drawing, printing, answer checkers.
 UNMEASURED = re.compile(r"^(_?plot|_?draw|_?show|print_|check_exercise|_?describe|_?format|_?render)")
 MESSAGE_LINE = re.compile(r"""^(raise\b|f?["']|__all__|print\(|logger\.|warnings\.warn)""")
-# Argument checks (helpers/validate.py): their first argument is the name an error message shows.
+# Argument checks (helpers/core/validate.py): their first argument is the name an error message shows.
 CHECK_CALL = re.compile(r"^(\w+\s*=\s*)?(int_at_least|positive_int|non_negative_int|int_in_range|"
                         r"number_in_range|positive_number|non_negative_number|bool_arg|instance_arg|"
                         r"choice|callable_arg|tensor_arg|_check_\w+)\(")

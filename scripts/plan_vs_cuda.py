@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
 from helpers.meta_profile import Profiler
 from helpers.presets import DEFAULT_CUDA_MARGIN, preset_spec
 

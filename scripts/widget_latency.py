@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
+from helpers.core.device import SCALES
 from helpers.costs import interleaved_times
-from helpers.device import SCALES
 
 PROTOCOL = "widget_latency_cases"
 LIMIT_S = 1.0  # the target for one slider move at the `small` scale (idle 2-core CPU): a figure, not a test
@@ -133,7 +133,7 @@ def time_all_cases(scale: str, device: torch.device, package: str = "helpers.les
 
     `retries` is passed to `time_case`; `progress(module_name)` is called before each module.
     """
-    from helpers.device import seed_everything
+    from helpers.core.device import seed_everything
 
     timings: list[CaseTiming] = []
     for module, builder in discover_widget_cases(package).items():

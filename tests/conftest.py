@@ -12,7 +12,7 @@ import pytest
 import torch
 from support.fixtures import tiny_token_lm  # noqa: F401  (a fixture, shared with every test below)
 
-from helpers.device import seed_everything
+from helpers.core.device import seed_everything
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +71,7 @@ def cuda_block_bytes() -> int:
 @pytest.fixture
 def optimizer_state_bytes() -> Callable[[torch.nn.Module, str], int]:
     """Bytes of the state torch's optimizer keeps after one real step (exp_avg, step, momentum...)."""
-    from helpers.training import make_optimizer
+    from helpers.core.training import make_optimizer
 
     def count(model: torch.nn.Module, optimizer: str) -> int:
         opt = make_optimizer(optimizer, model)

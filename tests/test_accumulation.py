@@ -20,12 +20,12 @@ from helpers.accumulation import (
     group_gradient,
     weight_distance,
 )
-from helpers.data import image_batch, regression_batch, token_batch
+from helpers.core.data import image_batch, regression_batch, token_batch
+from helpers.core.training import cleared_grads, lm_loss, trainable_params
+from helpers.core.validate import ArgTypeError
 from helpers.models import GPT, GPTConfig
 from helpers.nets import ConvNet, ResidualMLP
 from helpers.tokens import tiny_lm
-from helpers.training import cleared_grads, lm_loss, trainable_params
-from helpers.validate import ArgTypeError
 
 
 def mlp(dtype: torch.dtype = torch.float32) -> ResidualMLP:

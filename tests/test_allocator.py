@@ -7,11 +7,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.allocator import AllocatorRecord, allocator_timeline
+from helpers.core.training import lm_loss
 from helpers.memory import measure_step
 from helpers.models import GPT, GPTConfig
 from helpers.timeline import CATEGORIES
 from helpers.tracker import MemoryTracker
-from helpers.training import lm_loss
 
 SCRATCH = 3 * 2**20 + 40  # the custom kernel's own buffer: an odd size no tensor of the test has
 

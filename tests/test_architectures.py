@@ -21,7 +21,7 @@ from support.transformers_oracles import copy_transformers_weights, hf_dict
 from helpers import architectures_layers as layers
 from helpers.architectures import CausalLM, released
 from helpers.architectures_config import PUBLISHED_PARAMETERS, RELEASED, ArchConfig, param_count
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
 from helpers.hf_configs import transformers_causal_lm, transformers_missing
 from helpers.meta_profile import Profiler
 from helpers.models import GPTConfig

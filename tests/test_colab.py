@@ -59,11 +59,11 @@ def _colab_cell_script(local_copy: Path) -> str:
     """Lesson 01's setup cell up to the helpers import, on a stand-in Colab, installing `local_copy`."""
     cells = [c for c in json.loads(LESSON.read_text())["cells"] if c["cell_type"] == "code"]
     setup = "".join(cells[0]["source"])
-    bootstrap = setup.split("from helpers.device import", 1)[0]
+    bootstrap = setup.split("\nfrom helpers", 1)[0]  # the install, up to the cell's first helpers import
     assert bootstrap.count('f"git+{REPO}"') == 1, "the Colab cell's pip target changed; update this test"
     bootstrap = bootstrap.replace('f"git+{REPO}"', repr(str(local_copy)))
     return ("import sys, types\nsys.modules['google.colab'] = types.ModuleType('google.colab')\n"
-            + bootstrap + "\nimport helpers.device\nprint('helpers from', helpers.device.__file__)\n")
+            + bootstrap + "\nimport helpers.core.device as d\nprint('helpers from', d.__file__)\n")
 
 
 def _checkout_copy(dest: Path) -> Path:

@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from helpers import costs
-from helpers.data import regression_batch, token_batch
+from helpers.core.data import regression_batch, token_batch
+from helpers.core.training import lm_loss
 from helpers.models import GPT, GPTConfig, explainer_model
 from helpers.nets import ResidualMLP
-from helpers.training import lm_loss
 
 
 def test_count_flops_linear() -> None:

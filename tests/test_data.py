@@ -1,11 +1,11 @@
-"""helpers.data (core): synthetic batches, seeded by private generators, with checked arguments."""
+"""helpers.core.data (core): synthetic batches, seeded by private generators, with checked arguments."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from helpers.data import image_batch, regression_batch, token_batch
+from helpers.core.data import image_batch, regression_batch, token_batch
 
 
 def test_batches_have_the_promised_shapes() -> None:

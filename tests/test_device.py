@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers.device import (
+from helpers.core.device import (
     GB,
     SCALES,
     apply_memory_cap,

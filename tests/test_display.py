@@ -1,10 +1,10 @@
-"""helpers.display (core): progress that a saved notebook keeps, widgets with a static default, tables."""
+"""helpers.core.display: progress that a saved notebook keeps, widgets with a static default, tables."""
 
 from __future__ import annotations
 
 import pytest
 
-from helpers import display
+from helpers.core import display
 
 
 def test_progress_outside_a_notebook_yields_every_item_in_order() -> None:

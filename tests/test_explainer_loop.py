@@ -23,7 +23,8 @@ from torch import nn
 from helpers import plan as plan_command
 from helpers.architectures_config import ArchConfig
 from helpers.checkpointing import apply_ac
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
+from helpers.core.training import lm_loss
 from helpers.hf_configs import HFModel, from_hf_config, transformers_missing
 from helpers.memory import measure_step
 from helpers.memory_profile import fit_profile
@@ -32,7 +33,6 @@ from helpers.models import GPT, GPTConfig
 from helpers.phases import UpdateMeasurer, accumulate_update
 from helpers.plan_report import PlanReport, plan_model
 from helpers.planner import recommend
-from helpers.training import lm_loss
 
 CFG = GPTConfig(vocab_size=700, seq_len=40, d_model=48, n_heads=4, n_layers=2, dropout=0.0,
                 fused_attention=True)

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 NOTEBOOKS = {
     "passes": ["x = 1\nprint('to stdout is fine')",
-               "from helpers.display import in_notebook\nimport os\nassert in_notebook() and x == 1\n"
+               "from helpers.core.display import in_notebook\nimport os\nassert in_notebook() and x == 1\n"
                "assert os.getcwd() == {folder!r}\n%time y = 2"],
     # A kernel's default filters hide a library's DeprecationWarning; pytest's "error" must not leak in.
     "library_deprecation": ["import warnings\n"

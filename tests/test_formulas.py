@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from helpers import formulas
-from helpers.data import image_batch, regression_batch, token_batch
+from helpers.core.data import image_batch, regression_batch, token_batch
+from helpers.core.training import lm_loss
 from helpers.formulas import (
     activation_bytes_per_example,
     held_logits_bytes_per_example,
@@ -21,7 +22,6 @@ from helpers.formulas import (
 )
 from helpers.models import GPT, GPTConfig, explainer_config, explainer_model, seeded_gpt
 from helpers.nets import ConvNet, ResidualMLP
-from helpers.training import lm_loss
 from helpers.update_memory import ConfigMemory, activation_sweep, measure_update
 
 CPU = torch.device("cpu")

@@ -14,8 +14,8 @@ from support import transformers_oracles
 
 from helpers import frameworks, hf_models
 from helpers.accumulation import compare_grads
+from helpers.core.training import IGNORE_INDEX
 from helpers.token_loss import variable_length_sequences
-from helpers.training import IGNORE_INDEX
 
 CI = os.environ.get("CI", "").lower() == "true"
 pytestmark = pytest.mark.skipif(bool(frameworks.missing("transformers", "accelerate")) and not CI,

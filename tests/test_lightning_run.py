@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from helpers import frameworks
 from helpers.accumulation import compare_grads
-from helpers.data import regression_batch
+from helpers.core.data import regression_batch
 from helpers.nets import ResidualMLP
 
 CI = os.environ.get("CI", "").lower() == "true"

@@ -10,8 +10,9 @@ from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from helpers.data import token_batch
-from helpers.device import CPU_TRACKER, TENSOR_TRACKER
+from helpers.core.data import token_batch
+from helpers.core.device import CPU_TRACKER, TENSOR_TRACKER
+from helpers.core.training import lm_loss
 from helpers.memory import (
     measure_step,
     micro_step_memory,
@@ -25,7 +26,6 @@ from helpers.models import GPT, GPTBlock, GPTConfig
 from helpers.nets import ResidualMLP
 from helpers.timeline import CATEGORIES
 from helpers.tracker import MemoryTracker
-from helpers.training import lm_loss
 
 
 class UnseenNet(nn.Module):

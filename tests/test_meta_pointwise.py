@@ -12,7 +12,7 @@ import torch
 import helpers.meta_memo
 from helpers.architectures import CausalLM
 from helpers.architectures_config import ArchConfig
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
 from helpers.meta_pointwise import _BINARY, _UNARY, fast_pointwise
 from helpers.meta_profile import Profiler
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from helpers.checkpointing import apply_ac, blocks_of
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
 from helpers.meta_profile import Profiler
 from helpers.models import GPT, GPTConfig
 from helpers.target_kernels import cuda_kernel

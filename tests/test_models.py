@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.data import image_batch, regression_batch, token_batch
-from helpers.device import SCALES
+from helpers.core.data import image_batch, regression_batch, token_batch
+from helpers.core.device import SCALES
 from helpers.models import GPT, GPTConfig, explainer_config, explainer_model, seeded_gpt
 from helpers.nets import ConvNet, ResidualMLP
 

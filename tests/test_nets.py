@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.device import device_of
+from helpers.core.device import device_of
 from helpers.nets import ResidualMLP, param_bytes
 
 

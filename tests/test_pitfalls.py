@@ -7,9 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import amp, formulas, pitfalls, training
+from helpers import amp, formulas, pitfalls
 from helpers.accumulation import accumulated_grad, compare_grads, full_batch_grad
-from helpers.data import image_batch, regression_batch
+from helpers.core import training
+from helpers.core.data import image_batch, regression_batch
 from helpers.nets import ConvNet, DropoutMLP, ResidualMLP
 
 matplotlib.use("Agg")
@@ -104,7 +105,7 @@ def test_helpers_leave_the_global_rng_alone(call) -> None:
 
 def test_dropout_grads_match_a_seed_everything_run() -> None:
     """The private random state gives the numbers that reseeding the global one gave."""
-    from helpers.device import seed_everything
+    from helpers.core.device import seed_everything
 
     seed_everything(0)
     model = DropoutMLP(16, 32, 1, n_dropout=2).train()

@@ -11,7 +11,7 @@ import pytest
 from helpers import estimates, plan
 from helpers.architectures import CausalLM
 from helpers.architectures_config import ArchConfig, param_count
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
 from helpers.memory_profile import MemoryProfile
 from helpers.meta_profile import Profiler
 from helpers.peak_envelope import PeakEnvelope

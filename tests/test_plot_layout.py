@@ -1,11 +1,11 @@
-"""helpers.plot_layout (core): what reads badly in a figure, found before it is shown."""
+"""helpers.core.plot_layout (core): what reads badly in a figure, found before it is shown."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from helpers import plots
-from helpers.plot_layout import layout_problems
+from helpers.core import plots
+from helpers.core.plot_layout import layout_problems
 
 
 def _fig(width: float = 7.5, height: float = 3.6) -> tuple[plt.Figure, plt.Axes]:

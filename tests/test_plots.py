@@ -1,4 +1,4 @@
-"""helpers.plots (core): the style is applied on request only, byte units, phase runs."""
+"""helpers.core.plots (core): the style is applied on request only, byte units, phase runs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import pytest
 
-from helpers import plot_layout, plots, units
+from helpers.core import plot_layout, plots, units
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,7 +37,7 @@ def test_importing_helpers_changes_no_global_state() -> None:
     out = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, capture_output=True, text=True,
                          check=True, env={**os.environ, "MPLBACKEND": "Agg"})
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "helpers.plots" in result["modules"] and "helpers.lessons.lesson01" in result["modules"]
+    assert "helpers.core.plots" in result["modules"] and "helpers.lessons.lesson01" in result["modules"]
     assert result["changed"] == [], f"importing helpers changed rcParams: {result['changed']}"
     assert not result["rng_moved"], "importing helpers moved torch's global RNG"
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
 from helpers.memory import measure_step
 from helpers.meta_profile import Profiler
 from helpers.plan_report import plan_model

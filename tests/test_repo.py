@@ -42,7 +42,7 @@ def test_notebook_anatomy(path: Path) -> None:
     for c in checks:
         assert "Check passed" in _src(c), f"check cell must print 'Check passed: ...':\n{_src(c)[:200]}"
     text = "\n".join(_src(c) for c in cells)
-    assert "plt.show(" not in text, "use helpers.plots.show(fig), which also closes the figure"
+    assert "plt.show(" not in text, "use helpers.core.plots.show(fig), which also closes the figure"
     assert "use_reentrant=True" not in text
     if not path.name.startswith("00_"):  # "start here" (00) reads and decides: no B and K widgets
         assert re.search(r"\binteract\(|\bexplore\(", text), "each lesson has an Explore widget"
@@ -170,7 +170,7 @@ def _parseable(cell: str) -> str:
 def _imported(tree: ast.AST, package: str = "helpers") -> set[str]:
     """Dotted names of every module under `package` that `tree` imports (at any depth, lazily too).
 
-    `from helpers import plots, planner` names helpers.plots and helpers.planner when those are
+    `from helpers import plots, planner` names helpers.core.plots and helpers.planner when those are
     modules; `from helpers.lessons import lesson03` names helpers.lessons.lesson03.
     """
     found: set[str] = set()
@@ -210,17 +210,24 @@ def _readme_section(title: str) -> str:
 
 
 def _layout_groups() -> dict[str, set[str]]:
-    """The README's layout drawing: helpers/'s modules by group (core, instruments, commands)."""
+    """The README's layout drawing: each helpers/ folder it draws, with the module files it names there.
+
+    A folder's entry is its line and the indented lines under it; `lesson01.py ... lesson10.py` stands
+    for every numbered lesson module.
+    """
     block = _readme_section("Layout").split("```", 2)[1]
-    entry = re.search(r"^helpers/ .*?(?=^\S)", block, re.M | re.S)
-    assert entry, "the README's layout drawing has no helpers/ entry"
-    parts = re.split(r"\b(core|instruments|commands):", entry.group(0))
-    return {name: set(re.findall(r"(\w+)\.py", body))
-            for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    groups: dict[str, set[str]] = {}
+    for entry in re.findall(r"^(helpers/\S*)(.*?)(?=^\S)", block, re.M | re.S):
+        folder, body = entry
+        names = set(re.findall(r"(\w+)\.py", body)) - {"__init__", "__main__"}
+        if re.search(r"lesson01\.py \.\.\. lesson\d\d\.py", body):
+            names |= {p.stem for p in LESSON_FILES}
+        groups[folder] = names
+    return groups
 
 
 def _core() -> set[str]:
-    return {f"helpers.{m}" for m in _layout_groups()["core"]}
+    return {"helpers.core", *(f"helpers.core.{p.stem}" for p in (HELPERS / "core").glob("*.py"))}
 
 
 def _readme_map() -> dict[str, tuple[set[str], set[str]]]:
@@ -233,7 +240,7 @@ def _readme_map() -> dict[str, tuple[set[str], set[str]]]:
         notebook = re.search(r"notebooks/(\d\d_\w+\.ipynb)", cells[1])
         assert notebook, f"README map row without a notebook link: {line[:120]}"
         lessons = {f"helpers.lessons.{m}" for m in re.findall(r"helpers/lessons/(lesson\d\d)\.py", cells[2])}
-        instruments = {f"helpers.{m}" for m in re.findall(r"`(\w+)`", cells[3])}
+        instruments = {f"helpers.{m}" for m in re.findall(r"`([\w.]+)`", cells[3])}
         rows[notebook.group(1)] = (lessons, instruments)
     return rows
 
@@ -259,27 +266,29 @@ def test_readme_lesson_map_says_what_the_notebooks_import() -> None:
 
 
 def test_readme_layout_names_every_helpers_module_once() -> None:
+    """Every folder of helpers/ is drawn, with each of its modules named once (no __init__, no __main__)."""
     groups = _layout_groups()
-    assert set(groups) == {"core", "instruments", "commands"}, sorted(groups)
-    named = [m for body in groups.values() for m in body]
-    assert len(named) == len(set(named)), f"a module is drawn in two groups: {named}"
-    modules = {p.stem for p in HELPERS.glob("*.py")} - {"__init__"}
-    assert set(named) == modules, (
-        f"drawn but missing: {sorted(set(named) - modules)}; "
-        f"in helpers/ but not drawn: {sorted(modules - set(named))}"
-    )
+    on_disk = {f"{p.parent.relative_to(ROOT).as_posix()}/": set() for p in HELPERS.rglob("__init__.py")}
+    for path in HELPERS.rglob("*.py"):
+        if path.stem not in ("__init__", "__main__") and "__pycache__" not in path.parts:
+            on_disk[f"{path.parent.relative_to(ROOT).as_posix()}/"].add(path.stem)
+    assert set(groups) == set(on_disk), f"folders drawn {sorted(groups)}, on disk {sorted(on_disk)}"
+    for folder, names in on_disk.items():
+        assert groups[folder] == names, (f"{folder}: drawn but missing {sorted(groups[folder] - names)}; "
+                                         f"on disk but not drawn {sorted(names - groups[folder])}")
 
 
 def test_the_map_parsers_read_what_they_should() -> None:
     """The derivation itself, on a made-up notebook cell, a worker script cell and a README row."""
-    cell = ("from helpers.lessons import lesson03 as lab\nfrom helpers import plots, planner\n"
-            "import helpers.memory\n%matplotlib inline\ndef f():\n    from helpers.tokens import tiny_lm\n")
+    cell = ("from helpers.lessons import lesson03 as lab\nfrom helpers.core import plots\n"
+            "import helpers.core.units\n%matplotlib inline\ndef f():\n"
+            "    from helpers.core.data import token_batch\n")
     assert _imported(ast.parse(_parseable(cell))) == {
-        "helpers.lessons", "helpers.lessons.lesson03", "helpers", "helpers.plots", "helpers.planner",
-        "helpers.memory", "helpers.tokens"}
+        "helpers.lessons", "helpers.lessons.lesson03", "helpers.core", "helpers.core.plots",
+        "helpers.core.units", "helpers.core.data"}
     script = "%%writefile {WORKDIR}/w.py\nfrom helpers.launcher import run_main\n"
     assert _imported(ast.parse(_parseable(script))) == {"helpers.launcher"}
-    assert {"core", "instruments", "commands"} <= set(_layout_groups())
+    assert {"helpers/", "helpers/core/", "helpers/lessons/"} <= set(_layout_groups())
     assert _readme_map(), "no row of the README's lesson map was read"
 
 

@@ -101,8 +101,8 @@ def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
     """
     from helpers import checkpointing, costs
     from helpers.claims import CLAIMS
+    from helpers.core.training import lm_loss
     from helpers.models import GPTConfig, seeded_gpt
-    from helpers.training import lm_loss
 
     (c11,) = [c for c in CLAIMS if c.id == "C11"]
     lab = claim_lab.Lab(torch.device("cpu"), scale="tiny")

@@ -19,7 +19,7 @@ from types import ModuleType
 
 import pytest
 
-from helpers.device import GB, GPU_SCALE_CLASSES, SCALES
+from helpers.core.device import GB, GPU_SCALE_CLASSES, SCALES
 
 HEADROOM = 0.7  # a lesson may use at most 70% of the smallest GPU in its scale's class
 CLASS_FLOOR_GB = {scale: floor for floor, scale in GPU_SCALE_CLASSES if floor > 0}  # medium: 12, full: 40

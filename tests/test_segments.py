@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import segments as seg
-from helpers.device import seed_everything
+from helpers.core.device import seed_everything
 
 
 def test_chain_arguments() -> None:

@@ -11,7 +11,7 @@ import torch
 from helpers import plan
 from helpers.architectures import CausalLM
 from helpers.architectures_config import RELEASED
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
 from helpers.meta_profile import Profiler
 from helpers.target_kernels import GPUS, cuda_kernel
 

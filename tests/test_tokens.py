@@ -11,6 +11,7 @@ from support.fixtures import L, V, token_samples
 
 from helpers import tokens
 from helpers.accumulation import compare_grads
+from helpers.core.training import IGNORE_INDEX
 from helpers.token_loss import (
     count_valid_tokens,
     group_normalised_loss,
@@ -30,7 +31,6 @@ from helpers.tokens import (
     tiny_lm_config,
     token_weighting_report,
 )
-from helpers.training import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module")

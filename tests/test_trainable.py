@@ -12,7 +12,7 @@ from torch import nn
 from helpers import estimates
 from helpers.architectures import CausalLM
 from helpers.architectures_config import RELEASED
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
 from helpers.hf_configs import from_hf_config
 from helpers.meta_profile import PURE_BF16_WARNING, Profiler
 from helpers.plan_report import plan_model

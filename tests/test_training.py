@@ -1,4 +1,4 @@
-"""helpers.training (core): the one LM loss and the optimizer factory."""
+"""helpers.core.training (core): the one LM loss and the optimizer factory."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.training import IGNORE_INDEX, OPTIMIZERS, lm_loss, make_optimizer, warmup_cosine
+from helpers.core.training import IGNORE_INDEX, OPTIMIZERS, lm_loss, make_optimizer, warmup_cosine
 
 
 def test_lm_loss_is_cross_entropy_over_valid_tokens() -> None:
@@ -49,7 +49,7 @@ def test_make_optimizer() -> None:
 
 @pytest.mark.parametrize("name", ["sgd", "sgd-momentum", "adam", "adamw"])
 def test_state_per_param_matches_what_the_optimizer_keeps(name: str) -> None:
-    from helpers.training import STATE_PER_PARAM
+    from helpers.core.training import STATE_PER_PARAM
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
     opt = make_optimizer(name, model)

@@ -1,4 +1,4 @@
-"""helpers.validate: wrong types raise TypeError, bad values ValueError, with clear messages."""
+"""helpers.core.validate: wrong types raise TypeError, bad values ValueError, with clear messages."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from helpers import validate
+from helpers.core import validate
 
 
 @pytest.mark.parametrize("fn", [validate.positive_int, validate.non_negative_int])

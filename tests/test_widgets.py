@@ -23,7 +23,7 @@ import matplotlib
 import pytest
 import torch
 
-from helpers.device import seed_everything
+from helpers.core.device import seed_everything
 
 matplotlib.use("Agg")
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@
   overhead, activations per micro-batch) it rebuilds the three rows of its 24 GB table.
 - `lesson_sizes()` holds the micro-batch sizes the lesson measures. The model it
   measures is the core's `helpers.models.explainer_model()` (sizes in
-  `explainer_config()`), with `helpers.training.lm_loss` and `make_optimizer`.
+  `explainer_config()`), with `helpers.core.training.lm_loss` and `make_optimizer`.
 - `measure_config()` runs one whole accumulation update (K micro-steps, then
   the optimizer step) under `helpers.memory.measure_step`: a measured row of the table.
   `drawn_budget()` turns the measured 8 x 4 peak into the budget line drawn beside it.
@@ -27,17 +27,17 @@ from dataclasses import dataclass
 
 import torch
 
-from helpers import plots, units
-from helpers.data import token_batch
-from helpers.device import SCALES
+from helpers.core import plots, units
+from helpers.core.data import token_batch
+from helpers.core.device import SCALES
+from helpers.core.plots import figure, show, stacked_bars
+from helpers.core.training import lm_loss
+from helpers.core.validate import answer_number, choice, non_negative_number, positive_int, positive_number
 from helpers.formulas import FP32, activation_bytes_per_example, param_counts, predicted_update_peak_bytes
 from helpers.memory import StepMemory, run_or_oom
 from helpers.models import GPT, explainer_config, explainer_model
-from helpers.plots import figure, show, stacked_bars
 from helpers.saved_tensors import origin_group
-from helpers.training import lm_loss
 from helpers.update_memory import ConfigMemory, measure_config, measure_update
-from helpers.validate import answer_number, choice, non_negative_number, positive_int, positive_number
 
 __all__ = [
     "BUDGET_LABEL", "BudgetRow", "EXPLAINER_INPUTS", "GB", "LessonSizes", "budget_row", "check_exercise_1",

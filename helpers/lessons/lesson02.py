@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
-from helpers import plots, units
+from helpers.core import plots, units
+from helpers.core.device import SCALES, by_scale
+from helpers.core.validate import answer_number, choice
 from helpers.costs import TradeOff, TradeOffs
-from helpers.device import SCALES, by_scale
 from helpers.formulas import KORTHIKANTI, gpt_step_peak_bytes, korthikanti_terms
 from helpers.memory import saved_activation_bytes
 from helpers.models import (
@@ -28,7 +29,6 @@ from helpers.models import (
     explainer_model,
 )
 from helpers.segments import EXERCISE_CHAIN, chain_layer_costs, divisors, make_chain, segment_sweep
-from helpers.validate import answer_number, choice
 
 __all__ = [
     "CHAIN_LENGTHS", "REFERENCE_ROWS", "WIDGET_MAX_STEPS", "LessonSizes", "TradeOffLab",

@@ -25,13 +25,13 @@ import torch
 from torch import nn
 
 from helpers.accumulation import GradDiff, LossFn, accumulated_grad, compare_grads, full_batch_grad
-from helpers.device import by_scale, device_of
+from helpers.core.device import by_scale, device_of
+from helpers.core.training import clear_grads, lm_loss
+from helpers.core.validate import answer_number, positive_int
 from helpers.formulas import gpt_activation_bytes, gpt_param_count
 from helpers.lessons import verdict
 from helpers.memory import MicroStepMemory, micro_step_memory, run_or_oom, saved_activation_bytes
 from helpers.models import GPTConfig
-from helpers.training import clear_grads, lm_loss
-from helpers.validate import answer_number, positive_int
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -60,7 +60,7 @@ def gradient_error(
     without touching the global RNG. Returns `(diff, reference, candidate)`:
     the comparison, the full-batch gradient and the accumulated one.
     """
-    from helpers.data import regression_batch
+    from helpers.core.data import regression_batch
     from helpers.nets import ResidualMLP
 
     positive_int("micro_batch", micro_batch)
@@ -114,7 +114,7 @@ def show_gradient_error(micro_batch: int = 8, steps: int = 4, scale: bool = True
         micro_batch, steps: B and K.
         scale: divide each micro-batch's loss by K.
     """
-    from helpers.plots import figure, show
+    from helpers.core.plots import figure, show
 
     diff, ref, cand = gradient_error(micro_batch, steps, scale)
     fig, (ax,) = figure(width=5.5, height=4.0)
@@ -273,9 +273,9 @@ def show_micro_step_memory(
     Returns:
         {name: `MicroStepMemory`} of the loops that fit.
     """
-    from helpers.data import token_batch
-    from helpers.plots import figure, show
-    from helpers.units import format_bytes
+    from helpers.core.data import token_batch
+    from helpers.core.plots import figure, show
+    from helpers.core.units import format_bytes
 
     positive_int("micro_batch", micro_batch)
     positive_int("steps", steps)

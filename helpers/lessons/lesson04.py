@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import torch
 from matplotlib.axes import Axes
 
-from helpers.device import by_scale
+from helpers.core.device import by_scale
+from helpers.core.validate import positive_int
 from helpers.formulas import convnet_activation_bytes, convnet_param_count, mlp_activation_bytes
 from helpers.lessons import verdict
 from helpers.pitfalls import Schedule, lr_schedule, norm_error_curve
-from helpers.validate import positive_int
 
 __all__ = [
     "LessonSizes", "bn_error_by_steps", "check_exercise_1", "check_exercise_2", "check_exercise_3",
@@ -29,7 +29,7 @@ def plot_error_curves(ax: Axes, curves: dict[str, dict[int, float]], *, batch: i
         curves: {label: {micro_batch: L2 relative error}}.
         batch: the full batch, marked with a dotted line.
     """
-    from helpers.plots import plain_ticks
+    from helpers.core.plots import plain_ticks
 
     styles = [("o", "-"), ("s", "-"), ("^", "--"), ("D", "-."), ("v", ":")]
     for (label, curve), (marker, ls) in zip(curves.items(), styles * 2, strict=False):
@@ -158,7 +158,7 @@ def show_bn_error(micro_batch: int = 4, accum_steps: int = 4, norm: str = "batch
         width, depth, size: the ConvNet's width and depth and the images' side.
         device: where it runs.
     """
-    from helpers.plots import figure, plain_ticks, show
+    from helpers.core.plots import figure, plain_ticks, show
 
     errors = bn_error_by_steps(micro_batch, accum_steps, norm, width=width, depth=depth, size=size,
                                device=device)
@@ -193,7 +193,7 @@ def show_schedule(accum_steps: int = 4, *, micro_batch: int = 8, updates: int = 
         accum_steps: K.
         micro_batch, updates, warmup: passed to `lr_schedule`.
     """
-    from helpers.plots import figure, show
+    from helpers.core.plots import figure, show
 
     kw = dict(micro_batch=micro_batch, updates=updates, warmup=warmup)
     right = lr_schedule(accum_steps, per="update", **kw)

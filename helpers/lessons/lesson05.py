@@ -23,16 +23,16 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from helpers import plots
 from helpers.accumulation import compare_grads, flat_grad
-from helpers.device import SCALES
+from helpers.core import plots
+from helpers.core.device import SCALES
+from helpers.core.training import IGNORE_INDEX, cleared_grads, lm_loss
+from helpers.core.validate import choice, number_in_range
 from helpers.formulas import gpt_param_count, predicted_step_peak_bytes
 from helpers.lessons import not_answered
 from helpers.models import GPT, GPTConfig
 from helpers.token_loss import pad_sequences, split_micro_batches, variable_length_sequences
 from helpers.tokens import TokenReport, accumulation_report, tiny_lm, tiny_lm_config
-from helpers.training import IGNORE_INDEX, cleared_grads, lm_loss
-from helpers.validate import choice, number_in_range
 
 __all__ = [
     "ERROR_FLOOR", "TOLERANCE", "TokenSizes", "check_exercise_1", "check_exercise_2", "check_exercise_3",

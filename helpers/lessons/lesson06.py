@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from helpers.device import SCALES, by_scale
+from helpers.core.device import SCALES, by_scale
+from helpers.core.validate import choice, positive_int
 from helpers.formulas import gpt_param_count, korthikanti_activation_bytes
 from helpers.memory_profile import MemoryProfile, fit_profile
 from helpers.models import GPT, GPTConfig
 from helpers.phases import PhaseMemory, UpdateMeasurer
 from helpers.planner import GB, Plan, recommend
-from helpers.validate import choice, positive_int
 
 __all__ = [
     "EXPLAINER_GB", "LARGEST_RUN", "PlannerLab", "check_exercise_1", "check_exercise_2", "check_exercise_3",
@@ -130,7 +130,7 @@ class PlannerLab:
     def show(self, budget_bytes: float, micro_batch: int, accumulation_steps: int,
              checkpointed: bool) -> None:
         """One slider move: measure, predict, recommend, print and draw."""
-        from helpers import plots, units
+        from helpers.core import plots, units
 
         measured, predicted, plan = self.answer(budget_bytes, micro_batch, accumulation_steps, checkpointed)
         k = accumulation_steps
@@ -160,7 +160,7 @@ class PlannerLab:
 
     def budget_options(self, max_micro_batch: int, n: int = 12) -> list[tuple[str, int]]:
         """Budget choices for a slider: from below the floor to above the largest plain peak."""
-        from helpers.units import format_bytes
+        from helpers.core.units import format_bytes
 
         low = 0.9 * self.plain.floor_bytes
         high = 1.1 * self.plain.predict_peak(max_micro_batch, accumulation_steps=2)
@@ -178,7 +178,7 @@ def draw_decision_diagram(path: str | None = None) -> object:
         path: save it there as a PNG when given.
 
     Returns:
-        The matplotlib figure (show it with `helpers.plots.show`).
+        The matplotlib figure (show it with `helpers.core.plots.show`).
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch

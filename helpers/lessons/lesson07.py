@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from helpers.core.validate import choice, positive_int
 from helpers.distributed import (
     D_IN,
     D_OUT,
@@ -21,7 +22,6 @@ from helpers.distributed import (
 from helpers.fsdp import FSDPStepMemory
 from helpers.launcher import WorkerPool, shared_pool
 from helpers.processes import max_workers
-from helpers.validate import choice, positive_int
 
 __all__ = [
     "DataParallelReport", "LessonSizes", "check_exercise_1", "check_exercise_2", "check_exercise_3",
@@ -53,7 +53,7 @@ class LessonSizes:
 
 def lesson_sizes(scale: str) -> LessonSizes:
     """The lesson's default B, K, W and model width at `scale` (W: 2, or the GPUs under NCCL)."""
-    from helpers.device import by_scale
+    from helpers.core.device import by_scale
 
     bk = by_scale(scale, tiny=(2, 2), small=(4, 4), medium=(8, 4), full=(8, 4))
     return LessonSizes(micro_batch=bk[0], steps=bk[1],
@@ -95,7 +95,7 @@ def draw_report(report: DataParallelReport) -> object:
     """Left: who computes which examples (W ranks x K micro-steps of B). Right: all-reduces per update."""
     from matplotlib.patches import Rectangle
 
-    from helpers import plots
+    from helpers.core import plots
 
     s = report.sizes
     fig, (left, right) = plots.figure(2, width=9.0, height=3.2)
@@ -136,7 +136,7 @@ def show_data_parallel(micro_batch: int = 4, accumulation_steps: int = 4, world_
         micro_batch, accumulation_steps, world_size: B, K and W.
         width: the lesson model's width.
     """
-    from helpers import plots
+    from helpers.core import plots
 
     report = data_parallel_report(micro_batch, accumulation_steps, world_size, width=width)
     s = report.sizes
@@ -178,7 +178,7 @@ def draw_no_sync_bars(rows: dict[str, dict[str, object]], steps: int) -> object:
     """
     from matplotlib.patches import Patch
 
-    from helpers import plots
+    from helpers.core import plots
 
     k = positive_int("steps", steps)
     fig, (ax,) = plots.figure(1, width=10.0, height=3.2)
@@ -218,7 +218,7 @@ def draw_fsdp_memory(state: dict[str, int], persistent: dict[str, int], peak: FS
     Returns:
         The figure (not shown).
     """
-    from helpers import plots
+    from helpers.core import plots
 
     w = positive_int("world_size", world_size)
     fig, (left, right) = plots.figure(2, width=12.0, height=3.8)
@@ -265,7 +265,7 @@ def predicted_peak_bytes(scale: str) -> int:
     and fc2 outputs of each block). The experiments are small at every scale:
     this lesson is about communication, not memory.
     """
-    from helpers.device import SCALES
+    from helpers.core.device import SCALES
 
     sizes = lesson_sizes(choice("scale", scale, SCALES))
     w = sizes.width

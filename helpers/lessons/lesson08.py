@@ -9,13 +9,13 @@ import torch
 
 from helpers import accumulation as acc
 from helpers.claim_lab import LAB_CONFIG, Lab
-from helpers.device import pick_device
+from helpers.core.device import pick_device
+from helpers.core.training import lm_loss
+from helpers.core.validate import choice, positive_int
 from helpers.formulas import gpt_step_peak_bytes, predicted_update_peak_bytes
 from helpers.models import GPT, GPTConfig, deep_gpt_setup, explainer_config
 from helpers.planner import RULE_COROLLARY, decision_rule
 from helpers.review import Ledger
-from helpers.training import lm_loss
-from helpers.validate import choice, positive_int
 
 __all__ = [
     "EXERCISES", "INTERVIEW_PATH", "INTERVIEW_WORDS", "QUIZ", "Feedback", "LessonSizes", "Question",
@@ -277,7 +277,7 @@ def show_quiz() -> object:
     """
     from IPython.display import display
 
-    from helpers.display import widget_bundle
+    from helpers.core.display import widget_bundle
 
     box = quiz_widget()
     display(widget_bundle(box, "[the quiz as clickable options: run the notebook to use them; "
@@ -330,7 +330,7 @@ def explore_accumulation(micro_batch: int, steps: int, lab: Lab | None = None) -
         micro_batch, steps: B and K.
         lab: the ledger's models (default: a new `Lab` on this device).
     """
-    from helpers import plots
+    from helpers.core import plots
 
     scaled, raw = accumulation_check(micro_batch, steps, lab or Lab(pick_device()))
     effective = f"effective batch B x K = {micro_batch} x {steps} = {micro_batch * steps}"

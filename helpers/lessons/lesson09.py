@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from helpers import units
 from helpers.architectures_config import param_count
-from helpers.data import BatchSpec
-from helpers.device import SCALES, by_scale
+from helpers.core import units
+from helpers.core.data import BatchSpec
+from helpers.core.device import SCALES, by_scale
+from helpers.core.validate import answer_number, choice, number_in_range, positive_int, positive_number
 from helpers.memory_profile import MemoryProfile
 from helpers.meta_profile import Profiler
 from helpers.models import GPT, GPTConfig
@@ -23,7 +24,6 @@ from helpers.plan_report import margin_line, reported_card_bytes
 from helpers.planner import recommend
 from helpers.preset_profiles import preset_profile
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
-from helpers.validate import answer_number, choice, number_in_range, positive_int, positive_number
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -51,7 +51,7 @@ def show_plan(
     The default is the lesson's case: Llama-3.2-1B, sequences of 2,048, bf16 mixed precision, a 24 GB
     card (`budget_gb` is the card's marketed size in decimal GB; everything printed is in GiB).
     """
-    from helpers import plots
+    from helpers.core import plots
 
     b = positive_int("micro_batch", micro_batch)
     k = positive_int("accumulation_steps", accumulation_steps)
@@ -150,7 +150,7 @@ def estimators_figure(profiles: dict[str, dict[str, MemoryProfile]], n_params: i
         legend for both axes. Two lines: the card, at what it reports (labelled in GiB, with the GB it
         is sold as), and the planner's limit below it, the budget less the margin.
     """
-    from helpers import plots
+    from helpers.core import plots
 
     positive_int("n_params", n_params)
     budget = positive_number("budget_bytes", budget_bytes)

@@ -6,7 +6,7 @@ frameworks), `helpers.hf` (Transformers), `helpers.accel` (Accelerate),
 and `helpers.tradeoffs` (optimizer in backward, chunked loss, offloading).
 
 - Sizes: `lesson_sizes(scale)` -> `Sizes`; `gpt_config(sizes)`, `lm_samples(sizes, n)`.
-- Figures: `plot_pareto(curve, others)`; tables print with `helpers.display.text_table`, the
+- Figures: `plot_pareto(curve, others)`; tables print with `helpers.core.display.text_table`, the
   frameworks' versions with `helpers.frameworks.versions_table`.
 - Widgets: `show_accumulate(micro_batch, steps)` (Accelerate against lesson 05's loop; without
   Accelerate, lesson 05's two loops, `loop_errors`) and
@@ -22,17 +22,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from helpers import compiled, frameworks, plots, units
+from helpers import compiled, frameworks
 from helpers.accumulation import compare_grads
-from helpers.device import SCALES
-from helpers.display import text_table
+from helpers.core import plots, units
+from helpers.core.device import SCALES
+from helpers.core.display import text_table
+from helpers.core.training import warmup_cosine
+from helpers.core.validate import answer_number, choice, number_in_range, positive_int
 from helpers.formulas import gpt_step_peak_bytes
 from helpers.lessons import not_answered
 from helpers.models import GPT, GPTConfig, seeded_gpt
 from helpers.token_loss import count_valid_tokens, split_micro_batches, variable_length_sequences
 from helpers.tokens import fixed_step, full_batch_step, naive_step
-from helpers.training import warmup_cosine
-from helpers.validate import answer_number, choice, number_in_range, positive_int
 
 __all__ = [
     "BudgetExplorer",
@@ -199,7 +200,7 @@ def accumulate_errors(micro_batch: int, steps: int, *, scale: str = "small",
     the token-mean loss (the naive loop) and of `accel.token_loss` (Accelerate's recipe).
     """
     from helpers import accel
-    from helpers.training import lm_loss
+    from helpers.core.training import lm_loss
 
     positive_int("micro_batch", micro_batch)
     positive_int("steps", steps)

@@ -1,7 +1,7 @@
 """The first cell of every lesson: `setup_lesson()` (device, scale, seed, plot style, the environment line).
 
 It lives with the lessons because it is their start, not an instrument: it picks the device and
-scale (`helpers.device`), seeds everything, applies the plot style (`helpers.plots`) and prints
+scale (`helpers.device`), seeds everything, applies the plot style (`helpers.core.plots`) and prints
 what the lesson runs on. Not a lesson module: no notebook counts it as its lesson.
 """
 
@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from helpers.device import (
+from helpers.core.device import (
     Lesson,
     apply_memory_cap,
     gpu_total_gb,
@@ -46,7 +46,7 @@ def setup_lesson(seed: int = 0, *, tf32: bool | None = None) -> Lesson:
     lesson = Lesson(device=device, scale=scale, method=memory_method(device), why=why, memory_cap_gb=cap)
     seed_everything(seed)
     torch.set_default_dtype(torch.float32)
-    from helpers import plots  # here, not at the top: importing device must not pull in matplotlib
+    from helpers.core import plots  # here, not at the top: importing device must not pull in matplotlib
 
     plots.use_style()
     if tf32 is not None:

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from helpers.device import SCALES
+from helpers.core.device import SCALES
 from helpers.formulas import activation_bytes_per_example
 from helpers.lessons import lesson01
 from helpers.lessons.lesson01 import (
@@ -88,7 +88,7 @@ def test_widget_cases_cover_every_control(monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     import matplotlib.pyplot as plt
 
-    from helpers import plots
+    from helpers.core import plots
 
     figures = []
     monkeypatch.setattr(plots, "show", lambda fig: (figures.append(fig), plt.close(fig)))

@@ -10,12 +10,12 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
 from helpers import costs, segments
-from helpers.data import token_batch
-from helpers.device import seed_everything
+from helpers.core.data import token_batch
+from helpers.core.device import seed_everything
+from helpers.core.training import lm_loss
 from helpers.lessons import lesson02
 from helpers.models import GPT, deep_gpt_setup, explainer_model
 from helpers.saved_tensors import save_matmul_outputs
-from helpers.training import lm_loss
 
 
 def test_trade_off_lab_widget_function() -> None:

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from helpers import formulas
-from helpers.data import regression_batch, token_batch
+from helpers.core.data import regression_batch, token_batch
+from helpers.core.training import lm_loss
 from helpers.lessons import lesson03
 from helpers.lessons.lesson03 import (
     gradient_error,
@@ -19,7 +20,6 @@ from helpers.lessons.lesson03 import (
 from helpers.memory import micro_step_memory, saved_activation_bytes
 from helpers.models import GPT, GPTConfig
 from helpers.nets import ResidualMLP
-from helpers.training import lm_loss
 
 matplotlib.use("Agg")
 
@@ -55,7 +55,7 @@ def test_widgets_and_plots_draw(capsys):
     out = capsys.readouterr().out
     assert "norm_ratio 3.0000" in out and "effective batch B x K = 6" in out
     assert "max relative error (max_rel)" in out
-    from helpers.plots import figure
+    from helpers.core.plots import figure
 
     fig, (ax1, ax2) = figure(2)
     ref = torch.randn(10_000)
@@ -138,8 +138,8 @@ def test_exercise_checkers(check, right, wrong, capsys):
 
 
 def test_micro_step_figure_draws_coinciding_loops_once_and_labels_every_mark() -> None:
+    from helpers.core.plots import figure
     from helpers.memory import MicroStepMemory
-    from helpers.plots import figure
 
     def run(values: list[int], labels: list[str]) -> MicroStepMemory:
         return MicroStepMemory(labels, values, max(values), 0, "tracker")

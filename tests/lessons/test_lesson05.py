@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from support.fixtures import L, V, token_samples
 
 from helpers.accumulation import compare_grads
-from helpers.device import SCALES
+from helpers.core.device import SCALES
+from helpers.core.training import IGNORE_INDEX
 from helpers.formulas import predicted_step_peak_bytes
 from helpers.lessons.lesson05 import (
     ERROR_FLOOR,
@@ -35,7 +36,6 @@ from helpers.token_loss import (
     variable_length_sequences,
 )
 from helpers.tokens import fixed_step, full_batch_step, naive_step, tiny_lm
-from helpers.training import IGNORE_INDEX
 
 matplotlib.use("Agg")
 

@@ -132,7 +132,7 @@ def test_draw_fsdp_memory_shows_state_persistent_and_peak() -> None:
 def test_no_sync_bars_colour_the_buggy_loop_as_buggy() -> None:
     """The flag-after-forward loop makes one all-reduce, like the right loop, but its ranks differ:
     its bar must not share the right loop's colour (issue 24)."""
-    from helpers import plot_layout
+    from helpers.core import plot_layout
     from helpers.lessons.lesson07 import NO_SYNC_KINDS, draw_no_sync_bars, no_sync_kind
 
     assert no_sync_kind(1, 0.0, 1e-7) == "right gradient, 1 all-reduce"

@@ -7,7 +7,7 @@ import functools
 import pytest
 
 from helpers.architectures_config import param_count
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
 from helpers.lessons import lesson09
 from helpers.meta_profile import Profiler
 from helpers.models import GPT

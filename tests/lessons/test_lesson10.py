@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from helpers import compiled, frameworks, tradeoffs
-from helpers.device import SCALES
+from helpers.core.device import SCALES
+from helpers.core.training import lm_loss, warmup_cosine
 from helpers.lessons import lesson10 as lab
 from helpers.memory import measure_step
 from helpers.models import seeded_gpt
-from helpers.training import lm_loss, warmup_cosine
 
 matplotlib.use("Agg")
 CI = os.environ.get("CI", "").lower() == "true"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.device import SCALES
+from helpers.core.device import SCALES
 from helpers.lessons import LessonModule, exercise_checkers, lesson_modules, verdict
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"

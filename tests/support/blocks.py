@@ -7,10 +7,10 @@ import functools
 
 from helpers.architectures import CausalLM
 from helpers.architectures_config import ArchConfig
-from helpers.data import BatchSpec
+from helpers.core.data import BatchSpec
+from helpers.core.validate import positive_int
 from helpers.meta_profile import Profiler
 from helpers.models import GPT, GPTConfig
-from helpers.validate import positive_int
 
 
 def block_activation_bytes(cfg: ArchConfig | GPTConfig, *, seq_len: int = 256, precision: str = "fp32",

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.data import regression_batch
+from helpers.core.data import regression_batch
 from helpers.nets import ResidualMLP
 
 

@@ -2,7 +2,7 @@
 
 `layout_problems(fig)` names, one plain sentence each, what reads badly: text cut by the
 canvas edge, tick labels that run into each other or are written as powers, text smaller than
-`MIN_FONT_PT`, a legend drawn over bars or points. `helpers.plots.show` raises on any of them
+`MIN_FONT_PT`, a legend drawn over bars or points. `helpers.core.plots.show` raises on any of them
 under `LESSONS_STRICT=1` (CI), so a clipped title cannot land unnoticed.
 """
 

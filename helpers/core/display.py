@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
-from helpers.validate import callable_arg
+from helpers.core.validate import callable_arg
 
 __all__ = ["explore", "in_notebook", "markdown_table", "progress", "text_table", "widget_bundle"]
 

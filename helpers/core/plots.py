@@ -4,8 +4,8 @@
 calls it, and importing this module changes nothing. Figures are shown with
 `show(fig)`, which displays and then closes them, so a rerun cell neither leaks
 figures nor warns under a non-interactive backend (`MPLBACKEND=Agg`). Whether a figure reads
-well (`layout_problems`, `MIN_FONT_PT`) is checked by `helpers.plot_layout`. Sizes as text
-(`format_bytes`, `format_flops`) are in `helpers.units`.
+well (`layout_problems`, `MIN_FONT_PT`) is checked by `helpers.core.plot_layout`. Sizes as text
+(`format_bytes`, `format_flops`) are in `helpers.core.units`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from helpers.plot_layout import layout_problems
-from helpers.units import UNITS
-from helpers.validate import positive_int
+from helpers.core.plot_layout import layout_problems
+from helpers.core.units import UNITS
+from helpers.core.validate import positive_int
 
 if TYPE_CHECKING:
     pass

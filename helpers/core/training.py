@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.validate import choice, instance_arg, positive_int, tensor_arg
+from helpers.core.validate import choice, instance_arg, positive_int, tensor_arg
 
 __all__ = [
     "IGNORE_INDEX", "OPTIMIZERS", "REDUCTIONS", "STATE_PER_PARAM", "clear_grads", "cleared_grads",

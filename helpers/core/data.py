@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from helpers.training import lm_loss
-from helpers.validate import ArgTypeError, non_negative_int, positive_int
+from helpers.core.training import lm_loss
+from helpers.core.validate import ArgTypeError, non_negative_int, positive_int
 
 __all__ = ["BatchSpec", "image_batch", "regression_batch", "token_batch"]
 
@@ -102,7 +102,7 @@ class BatchSpec:
     """What one example looks like: token ids for a language model, or a tensor for a classifier.
 
     Use `BatchSpec.lm(seq_len, vocab_size)` (inputs (b, seq_len) token ids, targets the
-    same shape, loss `helpers.training.lm_loss`) or `BatchSpec.classifier(input_shape,
+    same shape, loss `helpers.core.training.lm_loss`) or `BatchSpec.classifier(input_shape,
     num_classes)` (inputs (b, *input_shape) floats, targets (b,) class ids, cross-entropy).
     """
 
