@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from helpers.core.validate import bool_arg, callable_arg, choice, instance_arg, int_at_least
-from helpers.nets import BlockWrapper
+from helpers.models.nets import BlockWrapper
 from helpers.saved_tensors import (
     attention_core_policy,
     save_matmul_outputs,

@@ -23,8 +23,8 @@ from helpers.core import training
 from helpers.core.data import regression_batch
 from helpers.core.training import lm_loss
 from helpers.memory import micro_step_memory, new_live_bytes, record_timeline, saved_activation_bytes
-from helpers.models import deep_gpt_setup
-from helpers.nets import ResidualMLP, param_bytes
+from helpers.models.gpt import deep_gpt_setup
+from helpers.models.nets import ResidualMLP, param_bytes
 from helpers.update_memory import ConfigMemory, activation_sweep, measure_config
 
 

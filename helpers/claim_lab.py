@@ -2,8 +2,8 @@
 
 Most checks run on a small, fast GPT (`LAB_CONFIG`). The headline numbers
 (`LESSON_MODEL_CLAIMS`) run on the model of the lesson that shows them, at this device's
-scale: lesson 02's GPT (`helpers.models.deep_gpt_setup`) and lesson 01's
-(`helpers.models.explainer_model`). `helpers.claims` holds the claims themselves.
+scale: lesson 02's GPT (`helpers.models.gpt.deep_gpt_setup`) and lesson 01's
+(`helpers.models.gpt.explainer_model`). `helpers.claims` holds the claims themselves.
 """
 
 from __future__ import annotations
@@ -16,13 +16,7 @@ import torch
 from helpers.core.data import token_batch
 from helpers.core.device import lesson_scale
 from helpers.core.validate import choice
-from helpers.models import (
-    GPT,
-    GPTConfig,
-    deep_gpt_setup,
-    explainer_model,
-    seeded_gpt,
-)
+from helpers.models.gpt import GPT, GPTConfig, deep_gpt_setup, explainer_model, seeded_gpt
 
 __all__ = ["LAB_CONFIG", "LESSON_MODELS", "LESSON_MODEL_CLAIMS", "SWEEP", "Evidence", "Lab", "gib"]
 

@@ -10,8 +10,8 @@ share. `helpers.review` runs them.
 Most checks run on a small, fast GPT (`LAB_CONFIG`). The headline numbers
 (`LESSON_MODEL_CLAIMS`) run on the model of the lesson that shows them, at this device's
 scale: what checkpointing saves and costs (C09, C11) on lesson 02's GPT
-(`helpers.models.deep_gpt_setup`), the explainer's table (C08, C25) on lesson 01's
-(`helpers.models.explainer_model`). So the ledger and the lessons show one set of numbers.
+(`helpers.models.gpt.deep_gpt_setup`), the explainer's table (C08, C25) on lesson 01's
+(`helpers.models.gpt.explainer_model`). So the ledger and the lessons show one set of numbers.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from helpers.checkpointing import apply_ac, make_block_wrapper
 from helpers.core.validate import callable_arg, number_in_range, tensor_arg
 from helpers.memory import saved_activation_bytes
-from helpers.nets import BlockWrapper
+from helpers.models.nets import BlockWrapper
 
 __all__ = [
     "BACKEND",
@@ -218,7 +218,7 @@ def eager_point(model: nn.Module, h: torch.Tensor, wrapper: BlockWrapper | None,
     Saved bytes come from the lessons' live-storage tracker (`saved_activation_bytes`).
 
     Args:
-        model: a `helpers.models` model with `run_blocks` and `block_wrapper` (e.g. `GPT`).
+        model: a `helpers.models.gpt` model with `run_blocks` and `block_wrapper` (e.g. `GPT`).
         h: hidden states (batch, seq, d_model) that require grad.
         wrapper: a block wrapper (`full_checkpoint`, `selective(policy)`) or None.
         label: the point's name in a figure.
@@ -242,7 +242,7 @@ def compiled_point(model: nn.Module, h: torch.Tensor, budget: float = 1.0, *,
     """The blocks compiled with `torch.compile(backend=BACKEND)` at `activation_memory_budget=budget`.
 
     Args:
-        model: a `helpers.models` model with `run_blocks` and `block_wrapper`.
+        model: a `helpers.models.gpt` model with `run_blocks` and `block_wrapper`.
         h: hidden states (batch, seq, d_model) that require grad.
         budget: `torch._functorch.config.activation_memory_budget`, 0.0 to 1.0.
         wrapper: what each compiled block call runs (None: the block itself; or a

@@ -30,7 +30,7 @@ from helpers.core.training import OPTIMIZERS, clear_grads, lm_loss
 from helpers.core.validate import bool_arg, callable_arg, choice, instance_arg, int_at_least, positive_int
 from helpers.dispatch import OpObserver
 from helpers.memory import StepMemory, run_or_oom
-from helpers.models import GPT
+from helpers.models.gpt import GPT
 from helpers.update_memory import measure_update
 
 __all__ = [
@@ -89,7 +89,7 @@ def blocks_forward_flops(model: GPT, micro_batch: int) -> int:
     Counted with `count_flops` on a random input of the blocks' shape, under `no_grad`:
     the most a full recompute can cost per micro-step (early stop can make it less).
     """
-    instance_arg("model", model, GPT, "helpers.models.GPT")
+    instance_arg("model", model, GPT, "helpers.models.gpt.GPT")
     positive_int("micro_batch", micro_batch)
     cfg = model.cfg
     x = torch.zeros(micro_batch, cfg.seq_len, cfg.d_model, device=device_of(model))
@@ -270,7 +270,7 @@ class TradeOffs:
     """
 
     def __init__(self, model: GPT, *, repeats: int = 3, optimizer: str = "adam") -> None:
-        self.model = instance_arg("model", model, GPT, "helpers.models.GPT")
+        self.model = instance_arg("model", model, GPT, "helpers.models.gpt.GPT")
         self.repeats = positive_int("repeats", repeats)
         self.optimizer = choice("optimizer", optimizer, OPTIMIZERS)
         self._memory: dict[tuple[int, int, bool], StepMemory] = {}

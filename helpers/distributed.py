@@ -58,7 +58,7 @@ def replica_model(width: int = 64, depth: int = DEPTH) -> nn.Module:
     Returns:
         The model.
     """
-    from helpers.nets import ResidualMLP
+    from helpers.models.nets import ResidualMLP
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from helpers.core.validate import choice, positive_int
 from helpers.formulas import korthikanti_activation_bytes
-from helpers.models import GPTConfig
+from helpers.models.gpt import GPTConfig
 
 __all__ = ["CAVEATS", "EIGHT_BIT", "FSDP", "MIXED_PRECISION", "MIXED_PRECISION_BYTES", "PURE_BF16",
            "Estimate", "RemedyFloor", "popular_estimates", "remedy_floors"]

@@ -13,7 +13,7 @@ import torch
 
 from helpers.core.training import OPTIMIZERS, STATE_PER_PARAM
 from helpers.core.validate import choice, instance_arg, positive_int, positive_number
-from helpers.models import GPT, GPTConfig
+from helpers.models.gpt import GPT, GPTConfig
 
 __all__ = [
     "FP32", "KORTHIKANTI", "QUADRATIC_TERMS", "LinearFit", "activation_bytes_per_example",
@@ -28,7 +28,7 @@ FP32 = 4  # bytes per float32 element
 
 
 def _check_formula_config(cfg: GPTConfig) -> None:
-    instance_arg("cfg", cfg, GPTConfig, "helpers.models.GPTConfig")
+    instance_arg("cfg", cfg, GPTConfig, "helpers.models.gpt.GPTConfig")
     if cfg.dropout != 0.0 or cfg.fused_attention:
         raise ValueError(
             "the formula covers the lesson's model only: dropout=0.0 and fused_attention=False, "

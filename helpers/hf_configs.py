@@ -3,7 +3,7 @@
 `from_hf_config(path)` reads the file (nothing is downloaded) and builds, on whatever device the
 caller's `torch.device` context names (the meta device for a plan):
 
-- our own `helpers.architectures.CausalLM` when the model_type is one we implement ("gpt2",
+- our own `helpers.models.architectures.CausalLM` when the model_type is one we implement ("gpt2",
   "llama", "mistral", "qwen2") and the config uses only what we build; it needs no Transformers;
 - otherwise the Transformers model (`AutoModelForCausalLM.from_config`, random weights, SDPA
   attention, the KV cache off as in training), when Transformers is installed.
@@ -34,10 +34,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from helpers.architectures import CausalLM
-from helpers.architectures_config import ArchConfig
 from helpers.core.data import BatchSpec
 from helpers.core.validate import choice, positive_int
+from helpers.models.architecture_config import ArchConfig
+from helpers.models.architectures import CausalLM
 
 __all__ = [
     "BUILDERS", "HF_TYPES", "HFModel", "arch_from_hf", "from_hf_config", "read_config",
@@ -107,14 +107,14 @@ def _rope(raw: Mapping[str, object]) -> tuple[float, tuple[tuple[str, float | st
     if kind == "default":
         return theta, None
     if kind != "llama3":
-        raise ValueError(f"rope type {kind!r} is not built by helpers.architectures (it builds 'default' "
-                         "and 'llama3')")
+        raise ValueError(f"rope type {kind!r} is not built by helpers.models.architectures (it builds "
+                         "'default' and 'llama3')")
     keys = ("factor", "high_freq_factor", "low_freq_factor", "original_max_position_embeddings")
     return theta, (*((k, float(merged[k])) for k in keys), ("rope_type", "llama3"))
 
 
 def _refuse(model_type: str, what: str) -> None:
-    raise ValueError(f"{model_type} config with {what} is not built by helpers.architectures")
+    raise ValueError(f"{model_type} config with {what} is not built by helpers.models.architectures")
 
 
 def arch_from_hf(raw: Mapping[str, object]) -> ArchConfig:
@@ -126,7 +126,8 @@ def arch_from_hf(raw: Mapping[str, object]) -> ArchConfig:
     """
     kind = raw.get("model_type")
     if kind not in HF_TYPES:
-        raise ValueError(f"model_type={kind!r} is not built by helpers.architectures; allowed: {HF_TYPES}")
+        raise ValueError(f"model_type={kind!r} is not built by helpers.models.architectures; "
+                         f"allowed: {HF_TYPES}")
     common = dict(vocab_size=int(raw.get("vocab_size", 0)), pad_token_id=raw.get("pad_token_id"),
                   name=str(raw.get("_name_or_path", "")), stored_dtype=_stored_dtype(raw))
     if kind == "gpt2":
@@ -235,7 +236,7 @@ def transformers_causal_lm(raw: Mapping[str, object], *, use_cache: bool = False
 class HFModel:
     """What `from_hf_config` built: a factory, the batch, which builder, and what the config stores.
 
-    `build()` makes the model on the current default device. `source` is "helpers.architectures"
+    `build()` makes the model on the current default device. `source` is "helpers.models.architectures"
     or "transformers"; `stored_dtype` the config's torch_dtype (never the training precision).
     """
 
@@ -300,7 +301,7 @@ def from_hf_config(config: str | os.PathLike | Mapping[str, object], seq_len: in
     if arch is not None:
         build: Callable[[], nn.Module] = functools.partial(CausalLM, arch)
         return HFModel(build, BatchSpec.lm(length, arch.vocab_size), str(raw["model_type"]),
-                       "helpers.architectures", stored, arch, tuple(notes))
+                       "helpers.models.architectures", stored, arch, tuple(notes))
     if why:
         notes.append(f"built by Transformers: {why}")
     vocab = positive_int("vocab_size", raw.get("vocab_size", 0))

@@ -69,11 +69,11 @@ from helpers.memory import tracked_run
 from helpers.memory_profile import MemoryProfile, fit_profile
 from helpers.meta_memo import SHARED as SHARED_MEMO
 from helpers.meta_memo import MetaRunner
-from helpers.nets import BlockWrapper
+from helpers.models.nets import BlockWrapper
+from helpers.models.trainable import apply_trainable, trainable_count
 from helpers.step_profile import StepProfile, _marks_blocks_done, _step_profile
 from helpers.target_kernels import DEFAULT_CAPABILITY, _AutocastRule, _TargetKernels
 from helpers.tracker import MemoryTracker, release_point
-from helpers.trainable import apply_trainable, trainable_count
 
 __all__ = [
     "CHECKPOINTS", "OPTIMIZER_IMPLS", "PRECISIONS", "PRECISION_BYTES_PER_PARAM", "PURE_BF16_WARNING",
@@ -123,7 +123,7 @@ class Profiler:
     gradients and Adam state are bf16 too (8 B/param; `PURE_BF16_WARNING`). On a real device,
     "bf16" runs `torch.autocast` itself. A config's stored dtype never changes the mode: the
     model is built as `build` makes it (fp32) and cast only for "pure-bf16". `trainable` is
-    "all", a parameter-name regex or "lora:<rank>[:<module regex>]" (`helpers.trainable`): only
+    "all", a parameter-name regex or "lora:<rank>[:<module regex>]" (`helpers.models.trainable`): only
     parameters that require grad get gradients and optimizer state, and `n_trainable` counts them.
     `capability` is the CUDA target's compute capability (e.g. 75 for a T4: no flash attention;
     `GPUS` names the usual cards). `optimizer_impl` is one of `OPTIMIZER_IMPLS`.

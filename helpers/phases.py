@@ -36,7 +36,7 @@ from helpers.core.device import device_of
 from helpers.core.training import lm_loss, make_optimizer
 from helpers.core.validate import callable_arg, positive_int
 from helpers.memory import floor_of, measurable_model, tracked_run
-from helpers.models import GPT
+from helpers.models.gpt import GPT
 from helpers.timeline import Timeline
 from helpers.tracker import MemoryTracker, release_point
 
@@ -251,7 +251,7 @@ class UpdateMeasurer:
     def __init__(self, model: GPT, *, checkpointed: bool = False,
                  optimizer: str | torch.optim.Optimizer = "adam", steps: int = 2, seed: int = 0) -> None:
         if not isinstance(model, GPT):
-            raise TypeError(f"model must be a helpers.models.GPT, got {type(model).__name__}")
+            raise TypeError(f"model must be a helpers.models.gpt.GPT, got {type(model).__name__}")
         if not isinstance(checkpointed, bool):
             raise TypeError(f"checkpointed must be a bool, got {type(checkpointed).__name__}")
         self.model = model

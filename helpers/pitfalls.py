@@ -7,7 +7,7 @@ pitfalls, each with the measurement a notebook needs:
 
 - BatchNorm: `norm_error_curve` (accumulated vs full-batch gradient error for
   each micro-batch size), `ghost_batch_grad`, `batchnorm_buffers`.
-- Dropout: `dropout_grads` with `helpers.nets.DropoutMLP`, a model whose dropout
+- Dropout: `dropout_grads` with `helpers.models.nets.DropoutMLP`, a model whose dropout
   masks can be passed in, so a full-batch mask can be sliced per micro-batch.
 - Scheduler stepping: `lr_schedule` (a real `LambdaLR` of `helpers.core.training.warmup_cosine`
   stepped per update or per micro-step).
@@ -44,7 +44,7 @@ from helpers.accumulation import (
 from helpers.core.data import image_batch, regression_batch
 from helpers.core.training import cleared_grads, warmup_cosine
 from helpers.core.validate import choice, int_at_least, int_in_range, positive_int
-from helpers.nets import NORMS, ConvNet, DropoutMLP
+from helpers.models.nets import NORMS, ConvNet, DropoutMLP
 
 __all__ = [
     "BN_MODES", "SCHEDULE_MODES", "Schedule", "batchnorm_buffers", "default_micro_batches", "dropout_grads",

@@ -1,7 +1,8 @@
 """A preset's (a config's) memory profile from a 1-block and a 2-block copy (lesson 09's presets).
 
 - `preset_profile(name, seq_len, checkpoint)`: a preset's `MemoryProfile` (`helpers.presets`),
-  cached; `arch_profile(cfg, seq_len, checkpoint)`: that of any `helpers.architectures_config.ArchConfig`.
+  cached; `arch_profile(cfg, seq_len, checkpoint)`: that of any
+  `helpers.models.architecture_config.ArchConfig`.
   Both profile copies of the model with 1 and 2 blocks on the meta device and extend them to all
   blocks; the peaks are exact at every micro-batch (`helpers.peak_envelope.EnvelopeProfile`).
 - `PRESET_MICRO_BATCHES`: the micro-batches the copies are profiled at.
@@ -13,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from helpers.architectures import CausalLM
-from helpers.architectures_config import ArchConfig
 from helpers.core.data import BatchSpec
 from helpers.core.validate import positive_int
 from helpers.memory_profile import MemoryProfile
 from helpers.meta_profile import Profiler
+from helpers.models.architecture_config import ArchConfig
+from helpers.models.architectures import CausalLM
 from helpers.peak_envelope import EnvelopeProfile, PeakEnvelope, envelopes
 from helpers.presets import preset_spec
 

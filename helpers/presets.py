@@ -1,6 +1,6 @@
 """What `python -m helpers.plan` plans: the released models as presets, your own factory, a budget.
 
-- `PRESETS`: the released models of `helpers.architectures_config.RELEASED` (GPT-2 small to XL with tied
+- `PRESETS`: the released models of `helpers.models.architecture_config.RELEASED` (GPT-2 small to XL with tied
   embeddings, Llama-3.2-1B/3B, Llama-3.1-8B, Mistral-7B, Qwen2.5-0.5B, TinyLlama-1.1B), their exact
   parameter counts whatever the sequence length; `preset_spec(name, seq_len)`.
 - `load_factory("package.module:factory")`, `hf_factory(config.json)` (`helpers.hf_configs`: our own
@@ -17,12 +17,12 @@ from collections.abc import Callable
 
 from torch import nn
 
-from helpers.architectures import released
-from helpers.architectures_config import RELEASED, ArchConfig
 from helpers.core.data import BatchSpec
 from helpers.core.validate import ArgTypeError, positive_number
 from helpers.hf_configs import HFModel, from_hf_config
-from helpers.nets import ConvNet
+from helpers.models.architecture_config import RELEASED, ArchConfig
+from helpers.models.architectures import released
+from helpers.models.nets import ConvNet
 
 __all__ = [
     "CARDS_GB", "DEFAULT_CUDA_MARGIN", "GB", "PRESETS", "example_classifier", "hf_factory", "load_factory",
@@ -45,7 +45,7 @@ PRESETS: dict[str, ArchConfig] = RELEASED
 def preset_spec(
     name: str, seq_len: int | None = None
 ) -> tuple[Callable[[], nn.Module], BatchSpec, ArchConfig]:
-    """A preset's model: `helpers.architectures.released(name, seq_len)`.
+    """A preset's model: `helpers.models.architectures.released(name, seq_len)`.
 
     The parameter count never changes with `seq_len`.
 

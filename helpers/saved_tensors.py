@@ -153,7 +153,7 @@ def saved_tensor_table(block: nn.Module, x: torch.Tensor) -> list[SavedTensor]:
     activations and are left out.
 
     Args:
-        block: the module, e.g. a `helpers.models.GPTBlock`.
+        block: the module, e.g. a `helpers.models.gpt.GPTBlock`.
         x: its input, (batch, seq, hidden).
 
     Returns:
@@ -234,7 +234,7 @@ def save_matmul_outputs(ctx: object, op: object, *args: object, **kwargs: object
 
 
 def attention_core_policy(batch: int, n_heads: int) -> Policy:
-    """Korthikanti et al.'s selective recomputation for a `helpers.models.GPTBlock`.
+    """Korthikanti et al.'s selective recomputation for a `helpers.models.gpt.GPTBlock`.
 
     The returned policy recomputes the attention core: Q K^T, the scaling and
     causal mask, softmax, the softmax dropout and the product with V. Those are

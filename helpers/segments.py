@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint_sequential
 
 from helpers.core.validate import choice, int_in_range, positive_int
 from helpers.memory import measurable_model, saved_activation_bytes
-from helpers.nets import MLPBlock
+from helpers.models.nets import MLPBlock
 from helpers.tracker import MemoryTracker
 
 __all__ = [

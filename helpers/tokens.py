@@ -31,7 +31,7 @@ from torch import nn
 from helpers.accumulation import GradDiff, compare_grads, flat_grad
 from helpers.core.training import clear_grads, cleared_grads, lm_loss
 from helpers.core.validate import number_in_range, positive_int
-from helpers.models import GPT, GPTConfig
+from helpers.models.gpt import GPT, GPTConfig
 from helpers.token_loss import (
     MicroBatch,
     Sample,

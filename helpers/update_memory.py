@@ -24,8 +24,8 @@ from helpers.core.device import device_of
 from helpers.core.training import lm_loss, make_optimizer
 from helpers.core.validate import int_at_least, positive_int
 from helpers.memory import StepMemory, measure_step, run_or_oom
-from helpers.models import GPT
-from helpers.nets import BlockWrapper
+from helpers.models.gpt import GPT
+from helpers.models.nets import BlockWrapper
 from helpers.tracker import release_point
 
 __all__ = ["ConfigMemory", "activation_sweep", "breakdown_for", "measure_config", "measure_update"]

@@ -12,7 +12,7 @@ import torch
 from helpers import frameworks
 from helpers.accumulation import compare_grads
 from helpers.core.training import lm_loss
-from helpers.models import GPTConfig, seeded_gpt
+from helpers.models.gpt import GPTConfig, seeded_gpt
 from helpers.token_loss import count_valid_tokens, split_micro_batches, variable_length_sequences
 from helpers.tokens import fixed_step
 

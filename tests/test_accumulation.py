@@ -23,8 +23,8 @@ from helpers.accumulation import (
 from helpers.core.data import image_batch, regression_batch, token_batch
 from helpers.core.training import cleared_grads, lm_loss, trainable_params
 from helpers.core.validate import ArgTypeError
-from helpers.models import GPT, GPTConfig
-from helpers.nets import ConvNet, ResidualMLP
+from helpers.models.gpt import GPT, GPTConfig
+from helpers.models.nets import ConvNet, ResidualMLP
 from helpers.tokens import tiny_lm
 
 

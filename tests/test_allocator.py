@@ -9,7 +9,7 @@ from torch import nn
 from helpers.allocator import AllocatorRecord, allocator_timeline
 from helpers.core.training import lm_loss
 from helpers.memory import measure_step
-from helpers.models import GPT, GPTConfig
+from helpers.models.gpt import GPT, GPTConfig
 from helpers.timeline import CATEGORIES
 from helpers.tracker import MemoryTracker
 

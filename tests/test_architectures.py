@@ -1,4 +1,4 @@
-"""helpers.architectures: the released models' parameter counts, and the same memory as Transformers.
+"""helpers.models.architectures: the released models' parameter counts, and the same memory as Transformers.
 
 The independent reference is Transformers itself: the same config built by
 `AutoModelForCausalLM.from_config` (random weights), profiled on meta and run for real on the CPU
@@ -18,13 +18,13 @@ import torch
 from support.blocks import block_activation_bytes
 from support.transformers_oracles import copy_transformers_weights, hf_dict
 
-from helpers import architectures_layers as layers
-from helpers.architectures import CausalLM, released
-from helpers.architectures_config import PUBLISHED_PARAMETERS, RELEASED, ArchConfig, param_count
 from helpers.core.data import BatchSpec
 from helpers.hf_configs import transformers_causal_lm, transformers_missing
 from helpers.meta_profile import Profiler
-from helpers.models import GPTConfig
+from helpers.models import architecture_layers as layers
+from helpers.models.architecture_config import PUBLISHED_PARAMETERS, RELEASED, ArchConfig, param_count
+from helpers.models.architectures import CausalLM, released
+from helpers.models.gpt import GPTConfig
 
 CI = os.environ.get("CI", "").lower() == "true"
 needs_transformers = pytest.mark.skipif(

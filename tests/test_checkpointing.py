@@ -18,8 +18,8 @@ from helpers.core.data import image_batch, token_batch
 from helpers.core.device import seed_everything
 from helpers.core.training import lm_loss
 from helpers.memory import new_live_bytes, saved_activation_bytes
-from helpers.models import GPT, GPTConfig
-from helpers.nets import ConvNet
+from helpers.models.gpt import GPT, GPTConfig
+from helpers.models.nets import ConvNet
 from helpers.saved_tensors import attention_core_policy, save_matmul_outputs
 
 B, S, H, A = 2, 16, 16, 2

@@ -12,8 +12,8 @@ from torch.utils.checkpoint import checkpoint
 from helpers import costs
 from helpers.core.data import regression_batch, token_batch
 from helpers.core.training import lm_loss
-from helpers.models import GPT, GPTConfig, explainer_model
-from helpers.nets import ResidualMLP
+from helpers.models.gpt import GPT, GPTConfig, explainer_model
+from helpers.models.nets import ResidualMLP
 
 
 def test_count_flops_linear() -> None:
@@ -234,7 +234,7 @@ def test_trade_offs_defaults_smallest_controls_and_messages() -> None:
     row = lab.measure(1, 1, False)  # the sliders' smallest B and K
     assert (row.micro_batch, row.steps, row.effective_batch) == (1, 1, 1)
     assert row.time_per_update.runs == 3  # the notebook: "the median of three interleaved micro-steps"
-    with pytest.raises(TypeError, match="^model must be a helpers.models.GPT, got Linear"):
+    with pytest.raises(TypeError, match="^model must be a helpers.models.gpt.GPT, got Linear"):
         costs.TradeOffs(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="^repeats must"):
         costs.TradeOffs(model, repeats=0)

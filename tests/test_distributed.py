@@ -104,7 +104,7 @@ def _n_params(model: torch.nn.Module) -> int:
 
 def test_lesson_model_and_bn_model_sizes_and_seed() -> None:
     """Parameter counts by hand; weights are torch's seed-0 draw; the global RNG is left alone."""
-    from helpers.nets import ResidualMLP
+    from helpers.models.nets import ResidualMLP
 
     # 16 -> 64: 1088; each block: LayerNorm 128 + fc1 64*256+256 + fc2 256*64+64 = 33216; 64 -> 4: 260
     assert _n_params(D.replica_model()) == 1088 + 2 * 33216 + 260 == 67780

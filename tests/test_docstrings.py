@@ -152,7 +152,7 @@ def test_the_notebooks_entry_points_are_found() -> None:
     found = _entry_points()
     assert len(found) > 200, f"only {len(found)} entry points found"
     assert {"helpers.memory.measure_step", "helpers.lessons.lesson02.check_exercise_1",
-            "helpers.core.units.format_bytes", "helpers.models.GPT"} <= set(found)
+            "helpers.core.units.format_bytes", "helpers.models.gpt.GPT"} <= set(found)
 
 
 def test_every_entry_point_documents_its_arguments() -> None:

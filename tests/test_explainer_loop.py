@@ -21,7 +21,6 @@ from support.transformers_oracles import hf_dict
 from torch import nn
 
 from helpers import plan as plan_command
-from helpers.architectures_config import ArchConfig
 from helpers.checkpointing import apply_ac
 from helpers.core.data import BatchSpec
 from helpers.core.training import lm_loss
@@ -29,7 +28,8 @@ from helpers.hf_configs import HFModel, from_hf_config, transformers_missing
 from helpers.memory import measure_step
 from helpers.memory_profile import fit_profile
 from helpers.meta_profile import Profiler
-from helpers.models import GPT, GPTConfig
+from helpers.models.architecture_config import ArchConfig
+from helpers.models.gpt import GPT, GPTConfig
 from helpers.phases import UpdateMeasurer, accumulate_update
 from helpers.plan_report import PlanReport, plan_model
 from helpers.planner import recommend
@@ -291,7 +291,8 @@ def test_llama_family_plans_are_never_below_the_lessons_loop(name: str, precisio
     own LlamaForCausalLM, planned on meta for a CPU target (`plan_model`, as `helpers.plan` plans a
     `--hf-config`): at each B x K, plain and checkpointed, the plan is 0 to 10% above the loop's peak."""
     hf = _hf(name)
-    assert hf.source == ("transformers" if name.startswith("transformers") else "helpers.architectures")
+    own = "helpers.models.architectures"
+    assert hf.source == ("transformers" if name.startswith("transformers") else own)
     profiler = Profiler(hf.build, hf.spec, "adam", target="cpu", precision=precision)
     errors = _plan_errors(hf, profiler, precision)
     assert all(0 <= e <= 0.10 for e in errors.values()), errors

@@ -20,8 +20,8 @@ from helpers.formulas import (
     linear_fit,
     predicted_update_peak_bytes,
 )
-from helpers.models import GPT, GPTConfig, explainer_config, explainer_model, seeded_gpt
-from helpers.nets import ConvNet, ResidualMLP
+from helpers.models.gpt import GPT, GPTConfig, explainer_config, explainer_model, seeded_gpt
+from helpers.models.nets import ConvNet, ResidualMLP
 from helpers.update_memory import ConfigMemory, activation_sweep, measure_update
 
 CPU = torch.device("cpu")

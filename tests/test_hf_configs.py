@@ -17,9 +17,9 @@ import torch
 from support.transformers_oracles import hf_dict
 
 from helpers import hf_configs
-from helpers.architectures_config import PUBLISHED_PARAMETERS, RELEASED, ArchConfig
 from helpers.hf_configs import arch_from_hf, from_hf_config, transformers_missing
 from helpers.meta_profile import Profiler
+from helpers.models.architecture_config import PUBLISHED_PARAMETERS, RELEASED, ArchConfig
 
 CI = os.environ.get("CI", "").lower() == "true"
 needs_transformers = pytest.mark.skipif(
@@ -128,7 +128,7 @@ def test_meta_plan_of_a_config_file_equals_a_real_cpu_step(tmp_path: Path, famil
     path = _file(tmp_path, SMALL[family])
     ours = from_hf_config(path, SEQ)
     theirs = from_hf_config(path, SEQ, builder="transformers")
-    assert (ours.source, theirs.source) == ("helpers.architectures", "transformers")
+    assert (ours.source, theirs.source) == ("helpers.models.architectures", "transformers")
     assert ours.spec == theirs.spec and "weights stored as bf16" in ours.stored_line
     meta = Profiler(ours.build, ours.spec, precision=precision)
     real = Profiler(theirs.build, theirs.spec, precision=precision, device="cpu")
@@ -159,7 +159,7 @@ def test_configs_we_do_not_build_go_to_transformers(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(hf_configs, "transformers_missing", lambda: True)
     with pytest.raises(ValueError, match="model_type='gpt_neox' is not built.*Transformers is not installed"):
         from_hf_config(neox)
-    assert from_hf_config(SMALL["gpt2"]).source == "helpers.architectures"  # no Transformers needed
+    assert from_hf_config(SMALL["gpt2"]).source == "helpers.models.architectures"  # no Transformers needed
 
 
 @needs_transformers

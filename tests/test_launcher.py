@@ -120,7 +120,7 @@ def test_crashed_worker_is_reported() -> None:
 _SCRIPT = """
 import os, sys, time
 import torch.distributed as dist
-from helpers.launcher import run_main, save_result
+from helpers.torchrun import run_main, save_result
 
 def main():
     dist.init_process_group("gloo")

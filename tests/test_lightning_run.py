@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from helpers import frameworks
 from helpers.accumulation import compare_grads
 from helpers.core.data import regression_batch
-from helpers.nets import ResidualMLP
+from helpers.models.nets import ResidualMLP
 
 CI = os.environ.get("CI", "").lower() == "true"
 pytestmark = pytest.mark.skipif(bool(frameworks.missing("lightning")) and not CI,

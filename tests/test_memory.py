@@ -22,8 +22,8 @@ from helpers.memory import (
     saved_activation_bytes,
     tracker_method,
 )
-from helpers.models import GPT, GPTBlock, GPTConfig
-from helpers.nets import ResidualMLP
+from helpers.models.gpt import GPT, GPTBlock, GPTConfig
+from helpers.models.nets import ResidualMLP
 from helpers.timeline import CATEGORIES
 from helpers.tracker import MemoryTracker
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import helpers.meta_memo
-from helpers.architectures import CausalLM
-from helpers.architectures_config import ArchConfig
 from helpers.core.data import BatchSpec
 from helpers.meta_pointwise import _BINARY, _UNARY, fast_pointwise
 from helpers.meta_profile import Profiler
+from helpers.models.architecture_config import ArchConfig
+from helpers.models.architectures import CausalLM
 
 aten = torch.ops.aten
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)

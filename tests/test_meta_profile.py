@@ -12,7 +12,7 @@ from torch import nn
 from helpers.checkpointing import apply_ac, blocks_of
 from helpers.core.data import BatchSpec
 from helpers.meta_profile import Profiler
-from helpers.models import GPT, GPTConfig
+from helpers.models.gpt import GPT, GPTConfig
 from helpers.target_kernels import cuda_kernel
 
 # -- models the planner has never seen ---------------------------------------------------------

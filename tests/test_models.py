@@ -1,4 +1,4 @@
-"""helpers.models (core): shapes, determinism, argument checks, the explainer-sized GPT."""
+"""helpers.models.gpt (core): shapes, determinism, argument checks, the explainer-sized GPT."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 
 from helpers.core.data import image_batch, regression_batch, token_batch
 from helpers.core.device import SCALES
-from helpers.models import GPT, GPTConfig, explainer_config, explainer_model, seeded_gpt
-from helpers.nets import ConvNet, ResidualMLP
+from helpers.models.gpt import GPT, GPTConfig, explainer_config, explainer_model, seeded_gpt
+from helpers.models.nets import ConvNet, ResidualMLP
 
 
 def test_models_run_and_are_deterministic() -> None:
@@ -86,5 +86,5 @@ def test_seeded_gpt_is_repeatable() -> None:
     cfg = GPTConfig(vocab_size=16, seq_len=8, d_model=8, n_heads=2, n_layers=1, dropout=0.0)
     a, b = seeded_gpt(cfg, "cpu", seed=3), seeded_gpt(cfg, "cpu", seed=3)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
-    with pytest.raises(TypeError, match="cfg must be a helpers.models.GPTConfig"):
+    with pytest.raises(TypeError, match="cfg must be a helpers.models.gpt.GPTConfig"):
         seeded_gpt({"d_model": 8}, "cpu")  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""helpers.nets (core): the block hook every model runs through, and facts about a model."""
+"""helpers.models.nets (core): the block hook every model runs through, and facts about a model."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers.core.device import device_of
-from helpers.nets import ResidualMLP, param_bytes
+from helpers.models.nets import ResidualMLP, param_bytes
 
 
 def test_block_wrapper_is_called_per_block() -> None:

@@ -10,7 +10,7 @@ from helpers import phases
 from helpers.accumulation import compare_grads, flat_grad, full_batch_grad
 from helpers.core.data import token_batch
 from helpers.core.training import lm_loss
-from helpers.models import GPT, GPTConfig, seeded_gpt
+from helpers.models.gpt import GPT, GPTConfig, seeded_gpt
 
 CPU = torch.device("cpu")
 SMALL_GPT = GPTConfig(vocab_size=1024, seq_len=16, d_model=32, n_heads=2, n_layers=2, dropout=0.0)

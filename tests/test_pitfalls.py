@@ -11,7 +11,7 @@ from helpers import amp, formulas, pitfalls
 from helpers.accumulation import accumulated_grad, compare_grads, full_batch_grad
 from helpers.core import training
 from helpers.core.data import image_batch, regression_batch
-from helpers.nets import ConvNet, DropoutMLP, ResidualMLP
+from helpers.models.nets import ConvNet, DropoutMLP, ResidualMLP
 
 matplotlib.use("Agg")
 TINY = dict(width=4, depth=2, size=8)

@@ -9,11 +9,11 @@ import re
 import pytest
 
 from helpers import estimates, plan
-from helpers.architectures import CausalLM
-from helpers.architectures_config import ArchConfig, param_count
 from helpers.core.data import BatchSpec
 from helpers.memory_profile import MemoryProfile
 from helpers.meta_profile import Profiler
+from helpers.models.architecture_config import ArchConfig, param_count
+from helpers.models.architectures import CausalLM
 from helpers.peak_envelope import PeakEnvelope
 from helpers.plan_report import _count, margin_line, plan_model, reported_card_bytes
 from helpers.preset_profiles import arch_profile, preset_profile

@@ -14,7 +14,7 @@ from support.updates import mlp_adam, mlp_update
 
 from helpers import estimates, formulas, memory_profile, planner
 from helpers.memory import StepMemory, measure_step
-from helpers.models import GPTConfig
+from helpers.models.gpt import GPTConfig
 from helpers.phases import PhaseMemory, measure_phases
 
 MiB = 2**20

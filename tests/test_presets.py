@@ -11,7 +11,7 @@ import torch
 from support.transformers_oracles import hf_dict
 
 from helpers import presets
-from helpers.architectures_config import RELEASED
+from helpers.models.architecture_config import RELEASED
 from helpers.presets import example_classifier, hf_factory, load_factory, parse_budget
 
 
@@ -45,7 +45,7 @@ def test_hf_config_without_transformers(monkeypatch: pytest.MonkeyPatch, tmp_pat
     llama = tmp_path / "llama.json"
     llama.write_text(json.dumps(hf_dict(dataclasses.replace(RELEASED["llama-3.2-1b"], num_layers=1))))
     hf = hf_factory(str(llama), 128)
-    assert hf.source == "helpers.architectures" and hf.stored_line.startswith("weights stored as bf16")
+    assert hf.source == "helpers.models.architectures" and hf.stored_line.startswith("weights stored as bf16")
     with torch.device("meta"):
         assert all(p.dtype == torch.float32 for p in hf.build().parameters())
     other = tmp_path / "phi.json"

@@ -102,7 +102,7 @@ def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
     from helpers import checkpointing, costs
     from helpers.claims import CLAIMS
     from helpers.core.training import lm_loss
-    from helpers.models import GPTConfig, seeded_gpt
+    from helpers.models.gpt import GPTConfig, seeded_gpt
 
     (c11,) = [c for c in CLAIMS if c.id == "C11"]
     lab = claim_lab.Lab(torch.device("cpu"), scale="tiny")
@@ -127,8 +127,8 @@ def test_headline_claims_run_on_the_lessons_own_models(monkeypatch: pytest.Monke
     """The ledger reports the lessons' numbers: C09/C11 on lesson 02's GPT, C08/C25 on 01's (issue 21)."""
     monkeypatch.delenv("LESSONS_SCALE", raising=False)  # `make check` runs beside the tiny notebooks
     from helpers.claim_lab import LESSON_MODEL_CLAIMS
-    from helpers.models import deep_gpt_setup as gpt_setup
-    from helpers.models import explainer_config
+    from helpers.models.gpt import deep_gpt_setup as gpt_setup
+    from helpers.models.gpt import explainer_config
 
     lab = claim_lab.Lab(torch.device("cpu"), scale="tiny")
     assert lab.lesson_model("01").cfg == explainer_config("tiny")

@@ -15,7 +15,7 @@ from helpers.core.data import token_batch
 from helpers.core.device import seed_everything
 from helpers.core.training import lm_loss
 from helpers.memory import saved_activation_bytes
-from helpers.models import GPTBlock, GPTConfig, explainer_model
+from helpers.models.gpt import GPTBlock, GPTConfig, explainer_model
 from helpers.saved_tensors import origin_group, saved_tensor_bytes
 
 CORE_SHAPE = (2, 64, 16, 4)  # b, s, h, a: long enough that the s^2 terms show

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from helpers import plan
-from helpers.architectures import CausalLM
-from helpers.architectures_config import RELEASED
 from helpers.core.data import BatchSpec
 from helpers.meta_profile import Profiler
+from helpers.models.architecture_config import RELEASED
+from helpers.models.architectures import CausalLM
 from helpers.target_kernels import GPUS, cuda_kernel
 
 FLASH, EFFICIENT, MATH = 1, 2, 0

@@ -11,7 +11,7 @@ from helpers import tradeoffs
 from helpers.accumulation import compare_grads
 from helpers.core.training import IGNORE_INDEX, lm_loss
 from helpers.memory import saved_activation_bytes
-from helpers.models import GPTConfig, seeded_gpt
+from helpers.models.gpt import GPTConfig, seeded_gpt
 from helpers.tracker import MemoryTracker
 
 CFG = GPTConfig(vocab_size=64, seq_len=8, d_model=32, n_heads=2, n_layers=2, dropout=0.0)

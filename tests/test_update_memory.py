@@ -12,7 +12,7 @@ from torch.utils.checkpoint import checkpoint
 from helpers.core.data import token_batch
 from helpers.core.training import lm_loss
 from helpers.formulas import linear_fit
-from helpers.models import GPTConfig, explainer_model, seeded_gpt
+from helpers.models.gpt import GPTConfig, explainer_model, seeded_gpt
 from helpers.update_memory import activation_sweep, breakdown_for, measure_config, measure_update
 
 CPU = torch.device("cpu")

@@ -3,7 +3,7 @@
 - `explainer_table()` is a calculator: from the explainer's inputs (model state,
   overhead, activations per micro-batch) it rebuilds the three rows of its 24 GB table.
 - `lesson_sizes()` holds the micro-batch sizes the lesson measures. The model it
-  measures is the core's `helpers.models.explainer_model()` (sizes in
+  measures is the core's `helpers.models.gpt.explainer_model()` (sizes in
   `explainer_config()`), with `helpers.core.training.lm_loss` and `make_optimizer`.
 - `measure_config()` runs one whole accumulation update (K micro-steps, then
   the optimizer step) under `helpers.memory.measure_step`: a measured row of the table.
@@ -35,7 +35,7 @@ from helpers.core.training import lm_loss
 from helpers.core.validate import answer_number, choice, non_negative_number, positive_int, positive_number
 from helpers.formulas import FP32, activation_bytes_per_example, param_counts, predicted_update_peak_bytes
 from helpers.memory import StepMemory, run_or_oom
-from helpers.models import GPT, explainer_config, explainer_model
+from helpers.models.gpt import GPT, explainer_config, explainer_model
 from helpers.saved_tensors import origin_group
 from helpers.update_memory import ConfigMemory, measure_config, measure_update
 

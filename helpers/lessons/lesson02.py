@@ -21,13 +21,7 @@ from helpers.core.validate import answer_number, choice
 from helpers.costs import TradeOff, TradeOffs
 from helpers.formulas import KORTHIKANTI, gpt_step_peak_bytes, korthikanti_terms
 from helpers.memory import saved_activation_bytes
-from helpers.models import (
-    GPTBlock,
-    GPTConfig,
-    deep_gpt_setup,
-    explainer_config,
-    explainer_model,
-)
+from helpers.models.gpt import GPTBlock, GPTConfig, deep_gpt_setup, explainer_config, explainer_model
 from helpers.segments import EXERCISE_CHAIN, chain_layer_costs, divisors, make_chain, segment_sweep
 
 __all__ = [
@@ -204,7 +198,7 @@ def plot_trade_offs(rows: Sequence[TradeOff], labels: Sequence[str]) -> object:
 def widget_latency_cases(scale: str, device: torch.device) -> dict[str, Callable[[], object]]:
     """One zero-argument callable per widget control move, doing that move's full work.
 
-    Builds the widget's model (`helpers.models.explainer_model`) and a `TradeOffLab`
+    Builds the widget's model (`helpers.models.gpt.explainer_model`) and a `TradeOffLab`
     as the notebook does; each case redraws from the default (B=4, K=8, off).
     """
     choice("scale", scale, SCALES)

@@ -31,7 +31,7 @@ from helpers.core.validate import answer_number, positive_int
 from helpers.formulas import gpt_activation_bytes, gpt_param_count
 from helpers.lessons import verdict
 from helpers.memory import MicroStepMemory, micro_step_memory, run_or_oom, saved_activation_bytes
-from helpers.models import GPTConfig
+from helpers.models.gpt import GPTConfig
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -61,7 +61,7 @@ def gradient_error(
     the comparison, the full-batch gradient and the accumulated one.
     """
     from helpers.core.data import regression_batch
-    from helpers.nets import ResidualMLP
+    from helpers.models.nets import ResidualMLP
 
     positive_int("micro_batch", micro_batch)
     positive_int("steps", steps)

@@ -30,7 +30,7 @@ from helpers.core.training import IGNORE_INDEX, cleared_grads, lm_loss
 from helpers.core.validate import choice, number_in_range
 from helpers.formulas import gpt_param_count, predicted_step_peak_bytes
 from helpers.lessons import not_answered
-from helpers.models import GPT, GPTConfig
+from helpers.models.gpt import GPT, GPTConfig
 from helpers.token_loss import pad_sequences, split_micro_batches, variable_length_sequences
 from helpers.tokens import TokenReport, accumulation_report, tiny_lm, tiny_lm_config
 

@@ -23,7 +23,7 @@ from helpers.core.device import SCALES, by_scale
 from helpers.core.validate import choice, positive_int
 from helpers.formulas import gpt_param_count, korthikanti_activation_bytes
 from helpers.memory_profile import MemoryProfile, fit_profile
-from helpers.models import GPT, GPTConfig
+from helpers.models.gpt import GPT, GPTConfig
 from helpers.phases import PhaseMemory, UpdateMeasurer
 from helpers.planner import GB, Plan, recommend
 

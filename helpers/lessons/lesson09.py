@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from helpers.architectures_config import param_count
 from helpers.core import units
 from helpers.core.data import BatchSpec
 from helpers.core.device import SCALES, by_scale
 from helpers.core.validate import answer_number, choice, number_in_range, positive_int, positive_number
 from helpers.memory_profile import MemoryProfile
 from helpers.meta_profile import Profiler
-from helpers.models import GPT, GPTConfig
+from helpers.models.architecture_config import param_count
+from helpers.models.gpt import GPT, GPTConfig
 from helpers.plan_report import margin_line, reported_card_bytes
 from helpers.planner import recommend
 from helpers.preset_profiles import preset_profile

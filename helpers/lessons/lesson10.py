@@ -31,7 +31,7 @@ from helpers.core.training import warmup_cosine
 from helpers.core.validate import answer_number, choice, number_in_range, positive_int
 from helpers.formulas import gpt_step_peak_bytes
 from helpers.lessons import not_answered
-from helpers.models import GPT, GPTConfig, seeded_gpt
+from helpers.models.gpt import GPT, GPTConfig, seeded_gpt
 from helpers.token_loss import count_valid_tokens, split_micro_batches, variable_length_sequences
 from helpers.tokens import fixed_step, full_batch_step, naive_step
 

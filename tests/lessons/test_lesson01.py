@@ -22,7 +22,7 @@ from helpers.lessons.lesson01 import (
     predicted_peak_bytes,
     widget_latency_cases,
 )
-from helpers.models import GPT, explainer_config
+from helpers.models.gpt import GPT, explainer_config
 from helpers.update_memory import ConfigMemory
 
 CPU = torch.device("cpu")

@@ -14,7 +14,7 @@ from helpers.core.data import token_batch
 from helpers.core.device import seed_everything
 from helpers.core.training import lm_loss
 from helpers.lessons import lesson02
-from helpers.models import GPT, deep_gpt_setup, explainer_model
+from helpers.models.gpt import GPT, deep_gpt_setup, explainer_model
 from helpers.saved_tensors import save_matmul_outputs
 
 
@@ -197,7 +197,7 @@ def test_predicted_peak_from_independent_counts(scale: str) -> None:
       and one more (backward's working set);
     - three fp32 logits-sized tensors (b, s, vocab) for the loss.
     """
-    from helpers.models import GPT
+    from helpers.models.gpt import GPT
 
     cfg, b = deep_gpt_setup(scale)
     with torch.device("meta"):

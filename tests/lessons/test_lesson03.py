@@ -18,8 +18,8 @@ from helpers.lessons.lesson03 import (
     show_gradient_error,
 )
 from helpers.memory import micro_step_memory, saved_activation_bytes
-from helpers.models import GPT, GPTConfig
-from helpers.nets import ResidualMLP
+from helpers.models.gpt import GPT, GPTConfig
+from helpers.models.nets import ResidualMLP
 
 matplotlib.use("Agg")
 

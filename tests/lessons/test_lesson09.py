@@ -6,11 +6,11 @@ import functools
 
 import pytest
 
-from helpers.architectures_config import param_count
 from helpers.core.data import BatchSpec
 from helpers.lessons import lesson09
 from helpers.meta_profile import Profiler
-from helpers.models import GPT
+from helpers.models.architecture_config import param_count
+from helpers.models.gpt import GPT
 from helpers.planner import recommend
 from helpers.preset_profiles import preset_profile
 from helpers.presets import PRESETS

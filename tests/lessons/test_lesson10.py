@@ -13,7 +13,7 @@ from helpers.core.device import SCALES
 from helpers.core.training import lm_loss, warmup_cosine
 from helpers.lessons import lesson10 as lab
 from helpers.memory import measure_step
-from helpers.models import seeded_gpt
+from helpers.models.gpt import seeded_gpt
 
 matplotlib.use("Agg")
 CI = os.environ.get("CI", "").lower() == "true"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from helpers.architectures import CausalLM
-from helpers.architectures_config import ArchConfig
 from helpers.core.data import BatchSpec
 from helpers.core.validate import positive_int
 from helpers.meta_profile import Profiler
-from helpers.models import GPT, GPTConfig
+from helpers.models.architecture_config import ArchConfig
+from helpers.models.architectures import CausalLM
+from helpers.models.gpt import GPT, GPTConfig
 
 
 def block_activation_bytes(cfg: ArchConfig | GPTConfig, *, seq_len: int = 256, precision: str = "fp32",
@@ -22,7 +22,7 @@ def block_activation_bytes(cfg: ArchConfig | GPTConfig, *, seq_len: int = 256, p
     returns the activations at the end of the forward pass that grow with both: (2 blocks - 1
     block) at 2 sequences less the same at 1 sequence, divided by `seq_len`. What does not grow
     with the tokens (autocast's bf16 copies of the weights) drops out. `cfg` is an `ArchConfig`
-    (`CausalLM`) or the project's `helpers.models.GPTConfig` (`GPT`, its position table sized to
+    (`CausalLM`) or the project's `helpers.models.gpt.GPTConfig` (`GPT`, its position table sized to
     `seq_len`). Under "bf16" the precision is autocast's; `target` picks the attention kernel.
     """
     positive_int("seq_len", seq_len)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from helpers.architectures import CausalLM
-from helpers.architectures_config import ArchConfig
+from helpers.models.architecture_config import ArchConfig
+from helpers.models.architectures import CausalLM
 
 
 def hf_dict(cfg: ArchConfig) -> dict[str, object]:

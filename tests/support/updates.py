@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.core.data import regression_batch
-from helpers.nets import ResidualMLP
+from helpers.models.nets import ResidualMLP
 
 
 def mlp_adam() -> tuple[nn.Module, torch.optim.Optimizer]:

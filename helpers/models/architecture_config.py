@@ -1,7 +1,7 @@
 """Released causal LMs' architectures as configs: `ArchConfig`, `RELEASED`, their exact parameter counts.
 
 The published `config.json` of each release, the fields that shape memory, written in code
-(nothing is downloaded). `helpers.architectures.CausalLM` builds them.
+(nothing is downloaded). `helpers.models.architectures.CausalLM` builds them.
 
 - `ArchConfig`, `FAMILIES`, `RELEASED`, `PUBLISHED_PARAMETERS`, `param_count(cfg)` (closed form).
 """

@@ -2,7 +2,7 @@
 
 GPT-2's `Conv1D`, `gelu_new`, attention and block; the Llama family's `RMSNorm` (fp32 upcast),
 rotary positions, grouped-query attention (`enable_gqa` without a mask, else `repeat_kv` copies,
-as Transformers' `sdpa_attention_forward` does) and SwiGLU block. `helpers.architectures.CausalLM`
+as Transformers' `sdpa_attention_forward` does) and SwiGLU block. `helpers.models.architectures.CausalLM`
 puts them together.
 """
 
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.architectures_config import ArchConfig
+from helpers.models.architecture_config import ArchConfig
 
 __all__ = ["Conv1D", "GPT2Attention", "GPT2Block", "LlamaAttention", "LlamaBlock", "RMSNorm", "Rotary",
            "gelu_new"]

@@ -1,6 +1,6 @@
 """The lessons' small networks other than the GPT, and the block hook every model runs through (core).
 
-- `BlockWrapper` and `run_blocks`: every model here and `helpers.models.GPT` runs its blocks
+- `BlockWrapper` and `run_blocks`: every model here and `helpers.models.gpt.GPT` runs its blocks
   through `self.block_wrapper(block, x)` when one is set; lessons set it to a
   `torch.utils.checkpoint.checkpoint` call in plain sight instead of hiding a flag inside the model.
 - `ResidualMLP` (of `MLPBlock`s): a stack of pre-LayerNorm residual MLP blocks on vectors.

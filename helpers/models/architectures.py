@@ -22,12 +22,12 @@ what attention saves. The logits come out in the head's dtype; the loss upcasts 
 cross-entropy under autocast, as Transformers' `ForCausalLMLoss` does with `.float()`).
 
 Blocks sit in an `nn.ModuleList` named `blocks` and run through `block_wrapper(block, x)` when one
-is set (the convention of `helpers.models`), so `checkpoint` and `helpers.meta_profile.Profiler`
+is set (the convention of `helpers.models.gpt`), so `checkpoint` and `helpers.meta_profile.Profiler`
 work unchanged. A Llama-family block also needs the shared rotary cos/sin (and the mask): the
 wrapper gets `functools.partial(block, rope=..., mask=...)` in place of the block.
 
 - `ArchConfig`, `RELEASED`, `PUBLISHED_PARAMETERS`, `param_count(cfg)` (closed form), in
-  `helpers.architectures_config`; the layers in `helpers.architectures_layers`.
+  `helpers.models.architecture_config`; the layers in `helpers.models.architecture_layers`.
 - `CausalLM(cfg)`; `released(name, seq_len)` -> (factory, `BatchSpec`, cfg), a `ValueError`
   beyond the release's positions.
 - `block_activation_bytes(cfg, ...)`: the bytes one block saves for backward, per token.
@@ -40,11 +40,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from helpers.architectures_config import RELEASED, ArchConfig
-from helpers.architectures_layers import GPT2Block, LlamaBlock, RMSNorm, Rotary
 from helpers.core.data import BatchSpec
 from helpers.core.validate import choice, positive_int
-from helpers.nets import BlockWrapper
+from helpers.models.architecture_config import RELEASED, ArchConfig
+from helpers.models.architecture_layers import GPT2Block, LlamaBlock, RMSNorm, Rotary
+from helpers.models.nets import BlockWrapper
 
 __all__ = ["CausalLM", "released"]
 

@@ -9,7 +9,7 @@
   the deeper GPT lesson 02 checkpoints.
 - `seeded_gpt(cfg, device, seed)`: a GPT whose weights come from `seed`, built without
   touching the global RNG.
-- Re-exported from `helpers.nets`: `ResidualMLP`, `MLPBlock`, `ConvNet`, `NORMS`,
+- Re-exported from `helpers.models.nets`: `ResidualMLP`, `MLPBlock`, `ConvNet`, `NORMS`,
   `DropoutMLP`, `param_bytes`, `device_of`, and `BlockWrapper`: every model runs its blocks
   through `run_blocks`, which calls `self.block_wrapper(block, x)` when one is set.
 """
@@ -25,10 +25,7 @@ from torch import nn
 
 from helpers.core.device import SCALES, by_scale
 from helpers.core.validate import choice, instance_arg, non_negative_int, number_in_range
-from helpers.nets import (
-    _Blocks,
-    _check_positive,
-)
+from helpers.models.nets import _Blocks, _check_positive
 
 __all__ = [
     "GPT", "CausalSelfAttention", "GPTBlock", "GPTConfig", "deep_gpt_setup", "explainer_config",
@@ -189,7 +186,7 @@ def seeded_gpt(cfg: GPTConfig, device: torch.device | str, seed: int = 0) -> GPT
     Returns:
         The `GPT`.
     """
-    instance_arg("cfg", cfg, GPTConfig, "helpers.models.GPTConfig")
+    instance_arg("cfg", cfg, GPTConfig, "helpers.models.gpt.GPTConfig")
     non_negative_int("seed", seed)
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
