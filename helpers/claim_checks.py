@@ -14,18 +14,19 @@ from collections.abc import Callable
 
 import torch
 
-from helpers import accumulation as acc
-from helpers import amp, costs, formulas, pitfalls, tokens
-from helpers.checkpointing import apply_ac
 from helpers.claim_lab import LAB_CONFIG, SWEEP, Evidence, Lab
 from helpers.claim_lab import gib as _gib
 from helpers.core import training
 from helpers.core.data import regression_batch
 from helpers.core.training import lm_loss
-from helpers.memory import micro_step_memory, new_live_bytes, record_timeline, saved_activation_bytes
+from helpers.measure import formulas
+from helpers.measure.memory import micro_step_memory, new_live_bytes, record_timeline, saved_activation_bytes
 from helpers.models.gpt import deep_gpt_setup
 from helpers.models.nets import ResidualMLP, param_bytes
-from helpers.update_memory import ConfigMemory, activation_sweep, measure_config
+from helpers.techniques import accumulation as acc
+from helpers.techniques import amp, costs, pitfalls, tokens
+from helpers.techniques.checkpointing import apply_ac
+from helpers.techniques.update_memory import ConfigMemory, activation_sweep, measure_config
 
 
 # -- the checks --------------------------------------------------------------------------
@@ -359,7 +360,7 @@ def _c_launches(lab: Lab) -> Evidence:
 
 def _c_state_floor(lab: Lab) -> Evidence:
     planner = importlib.import_module("helpers.planner")
-    memory_profile = importlib.import_module("helpers.memory_profile")
+    memory_profile = importlib.import_module("helpers.measure.memory_profile")
     sweep = _sweep(lab)  # the profile reuses C05's measurements
     floor = next(iter(sweep.values())).floor_bytes
     try:

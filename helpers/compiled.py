@@ -39,10 +39,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers.checkpointing import apply_ac, make_block_wrapper
 from helpers.core.validate import callable_arg, number_in_range, tensor_arg
-from helpers.memory import saved_activation_bytes
+from helpers.measure.memory import saved_activation_bytes
 from helpers.models.nets import BlockWrapper
+from helpers.techniques.checkpointing import apply_ac, make_block_wrapper
 
 __all__ = [
     "BACKEND",

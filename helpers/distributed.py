@@ -31,10 +31,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.accumulation import flat_grad
 from helpers.core.validate import callable_arg, positive_int, tensor_arg
 from helpers.launcher import WorkerPool, group_for, shared_pool
 from helpers.processes import max_workers
+from helpers.techniques.accumulation import flat_grad
 
 __all__ = [
     "AllReduceCounter", "BatchSizes", "DDPGrad", "bn_model", "check_batch_sizes", "count_allreduces",

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from helpers.core.validate import choice, positive_int
-from helpers.formulas import korthikanti_activation_bytes
+from helpers.measure.formulas import korthikanti_activation_bytes
 from helpers.models.gpt import GPTConfig
 
 __all__ = ["CAVEATS", "EIGHT_BIT", "FSDP", "MIXED_PRECISION", "MIXED_PRECISION_BYTES", "PURE_BF16",

@@ -10,13 +10,13 @@ import importlib
 
 import torch
 
-from helpers import accumulation as acc
-from helpers import token_loss
 from helpers.claim_lab import Evidence, Lab
 from helpers.claim_lab import gib as _gib
 from helpers.core.data import regression_batch
 from helpers.core.training import lm_loss
 from helpers.models.nets import ResidualMLP
+from helpers.techniques import accumulation as acc
+from helpers.techniques import token_loss
 
 _LM = dict(vocab_size=64, hidden=32, layers=2, heads=2, max_len=16)  # a tiny Llama, from a config
 

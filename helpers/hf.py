@@ -26,14 +26,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from helpers.accumulation import flat_grad
 from helpers.core.training import IGNORE_INDEX, cleared_grads
 from helpers.core.validate import bool_arg, int_in_range, positive_int, positive_number
 from helpers.hf_models import (
     collate,
     predicted_tokens,
 )
-from helpers.memory import saved_activation_bytes
+from helpers.measure.memory import saved_activation_bytes
+from helpers.techniques.accumulation import flat_grad
 
 __all__ = [
     "SWITCHED_OFF", "checkpointed_by_hand", "comparison_arguments", "decoder_layers", "enable_checkpointing",

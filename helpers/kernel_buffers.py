@@ -2,7 +2,7 @@
 
 A dispatch-level tracker sees the storages an op returns, never the buffers the op's
 kernel allocates and frees before returning. On a real CPU the allocator's record shows
-them (`helpers.allocator`); on the meta device there is no allocator, so
+them (`helpers.measure.allocator`); on the meta device there is no allocator, so
 `helpers.meta_profile` adds them with `kernel_buffers(target)`, a
 `MemoryTracker(kernel_buffers=...)` callback that gives each op's own bytes:
 
@@ -38,9 +38,9 @@ from collections.abc import Iterator
 
 import torch
 
-from helpers.allocator import AllocatorRecord
-from helpers.dispatch import op_facts, tensors_in
-from helpers.tracker import _ACTIVE, KernelBuffers
+from helpers.measure.allocator import AllocatorRecord
+from helpers.measure.dispatch import op_facts, tensors_in
+from helpers.measure.tracker import _ACTIVE, KernelBuffers
 
 __all__ = ["CPU_CHECK_BYTES", "attention_backward_buffer_bytes", "cpu_inside_bytes", "kernel_buffers",
            "meta_rng_module", "rng_states_counted"]

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from helpers.dispatch import op_facts
+from helpers.measure.dispatch import op_facts
 from helpers.meta_pointwise import fast_pointwise
 
 __all__ = ["SHARED", "MetaMemo", "MetaRunner"]
@@ -143,7 +143,7 @@ SHARED = MetaMemo()  # the meta profiles' memo: a model's calls repeat across pr
 
 
 class MetaRunner:
-    """How a meta profile runs its ops (a `helpers.dispatch.OpRunner`): the fast paths first.
+    """How a meta profile runs its ops (a `helpers.measure.dispatch.OpRunner`): the fast paths first.
 
     A plain pointwise op on meta gets its (empty) result from
     `helpers.meta_pointwise.fast_pointwise`, the same tensor as the op's own meta kernel in a few

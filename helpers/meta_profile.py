@@ -10,7 +10,7 @@ second, even for billions of parameters:
 - the live bytes at the end of the forward pass, and the peak of the backward pass
   and of the optimizer step, each with its breakdown by category;
 - bytes per example, from two micro-batch sizes (`Profiler.memory_profile`, which
-  returns lesson 06's `helpers.memory_profile.MemoryProfile`).
+  returns lesson 06's `helpers.measure.memory_profile.MemoryProfile`).
 
 Two things differ between the meta device and the device you will train on, and the
 profile models both for a `target` ("cpu" or "cuda"):
@@ -56,7 +56,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from helpers.checkpointing import apply_ac
 from helpers.core.data import BatchSpec
 from helpers.core.training import OPTIMIZERS, make_optimizer
 from helpers.core.validate import ArgTypeError, callable_arg, choice, positive_int
@@ -65,15 +64,16 @@ from helpers.kernel_buffers import (
     meta_rng_module,
     rng_states_counted,
 )
-from helpers.memory import tracked_run
-from helpers.memory_profile import MemoryProfile, fit_profile
+from helpers.measure.memory import tracked_run
+from helpers.measure.memory_profile import MemoryProfile, fit_profile
+from helpers.measure.tracker import MemoryTracker, release_point
 from helpers.meta_memo import SHARED as SHARED_MEMO
 from helpers.meta_memo import MetaRunner
 from helpers.models.nets import BlockWrapper
 from helpers.models.trainable import apply_trainable, trainable_count
 from helpers.step_profile import StepProfile, _marks_blocks_done, _step_profile
 from helpers.target_kernels import DEFAULT_CAPABILITY, _AutocastRule, _TargetKernels
-from helpers.tracker import MemoryTracker, release_point
+from helpers.techniques.checkpointing import apply_ac
 
 __all__ = [
     "CHECKPOINTS", "OPTIMIZER_IMPLS", "PRECISIONS", "PRECISION_BYTES_PER_PARAM", "PURE_BF16_WARNING",

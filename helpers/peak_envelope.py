@@ -33,9 +33,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from helpers.core.validate import positive_int
-from helpers.memory_profile import MemoryProfile
+from helpers.measure.memory_profile import MemoryProfile
+from helpers.measure.timeline import Timeline
 from helpers.step_profile import BLOCKS_DONE, StepProfile
-from helpers.timeline import Timeline
 
 __all__ = ["GROUPS", "EnvelopeProfile", "PeakEnvelope", "envelopes"]
 

@@ -18,7 +18,7 @@ from torch import nn
 from helpers.core.units import format_bytes
 from helpers.core.validate import ArgTypeError, choice, number_in_range, positive_number
 from helpers.estimates import CAVEATS, remedy_floors
-from helpers.memory_profile import MemoryProfile
+from helpers.measure.memory_profile import MemoryProfile
 from helpers.meta_profile import CHECKPOINTS, PURE_BF16_WARNING, Profiler
 from helpers.planner import Plan, recommend
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB

@@ -14,13 +14,13 @@ measurements, the widget, the exercises) are in `helpers.lessons.lesson06`.
   and the remedies (`REMEDIES`) when nothing fits.
 
 Re-exported here (this module's public names stay where they were):
-- from `helpers.memory_profile`: `fit_profile(measure, sizes)` -> `MemoryProfile`, the floor,
+- from `helpers.measure.memory_profile`: `fit_profile(measure, sizes)` -> `MemoryProfile`, the floor,
   other, activation bytes per example and the optimizer-phase peak fitted at a few micro-batch
   sizes; `MemoryProfile.predict_peak(b)` predicts the peak for any micro-batch.
 - from `helpers.estimates`: `popular_estimates` -> `Estimate`s (the rules of thumb people use
   beside a measurement) and `remedy_floors` -> `RemedyFloor`s (what each state remedy leaves of
   the floor, per worker, with its caveat in `CAVEATS`).
-- from `helpers.formulas`: `korthikanti_activation_bytes`, the activation formula those estimates use.
+- from `helpers.measure.formulas`: `korthikanti_activation_bytes`, the activation formula those estimates use.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from helpers.core.units import format_bytes
 from helpers.core.validate import positive_int, positive_number
-from helpers.memory_profile import MemoryProfile
+from helpers.measure.memory_profile import MemoryProfile
 
 __all__ = [
     "DECISION_RULE", "GB", "REMEDIES", "RULE_COROLLARY", "RULE_REFINEMENTS", "NoPlanError", "Plan",

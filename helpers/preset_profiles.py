@@ -16,7 +16,7 @@ import functools
 
 from helpers.core.data import BatchSpec
 from helpers.core.validate import positive_int
-from helpers.memory_profile import MemoryProfile
+from helpers.measure.memory_profile import MemoryProfile
 from helpers.meta_profile import Profiler
 from helpers.models.architecture_config import ArchConfig
 from helpers.models.architectures import CausalLM

@@ -3,7 +3,7 @@
 `helpers.meta_profile.Profiler.step` returns a `StepProfile`: the update's peak and the peak of
 each phase (the end of the forward pass, the backward pass, the optimizer step), each with its
 breakdown by category, and the timeline it was read from. `_step_profile` reads one from a
-`helpers.timeline.Timeline`; `_marks_blocks_done` marks, in each micro-step's backward, the point
+`helpers.measure.timeline.Timeline`; `_marks_blocks_done` marks, in each micro-step's backward, the point
 where every block's backward has run (`BLOCKS_DONE`, which `helpers.peak_envelope` cuts at).
 """
 
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from helpers.checkpointing import blocks_of
-from helpers.phases import PhasePeaks, phase_peaks
-from helpers.timeline import Timeline
-from helpers.tracker import MemoryTracker
+from helpers.measure.timeline import Timeline
+from helpers.measure.tracker import MemoryTracker
+from helpers.techniques.checkpointing import blocks_of
+from helpers.techniques.phases import PhasePeaks, phase_peaks
 
 __all__ = ["BLOCKS_DONE", "StepProfile"]
 

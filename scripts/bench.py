@@ -149,8 +149,8 @@ def measure_step_overhead(repeats: int = 20) -> dict:
 
     from helpers.core.data import token_batch
     from helpers.lessons.lesson06 import lesson_model
-    from helpers.memory import measure_step
-    from helpers.phases import accumulate_update
+    from helpers.measure.memory import measure_step
+    from helpers.techniques.phases import accumulate_update
 
     model = lesson_model("small", "cpu")
     cfg = model.cfg

@@ -25,29 +25,29 @@ import sys
 from types import SimpleNamespace
 
 TESTS = {
-    "helpers/memory.py": "tests/test_memory.py tests/test_tracker.py",
-    "helpers/tracker.py": "tests/test_tracker.py tests/test_memory.py",
-    "helpers/dispatch.py": "tests/test_tracker.py tests/test_memory.py",
-    "helpers/timeline.py": "tests/test_tracker.py tests/test_memory.py",
-    "helpers/accumulation.py": "tests/test_accumulation.py",
-    "helpers/tokens.py": "tests/test_tokens.py",
-    "helpers/token_loss.py": "tests/test_tokens.py",
-    "helpers/checkpointing.py": "tests/test_checkpointing.py tests/test_saved_tensors.py",
-    "helpers/segments.py": "tests/test_segments.py",
+    "helpers/measure/memory.py": "tests/test_memory.py tests/test_tracker.py",
+    "helpers/measure/tracker.py": "tests/test_tracker.py tests/test_memory.py",
+    "helpers/measure/dispatch.py": "tests/test_tracker.py tests/test_memory.py",
+    "helpers/measure/timeline.py": "tests/test_tracker.py tests/test_memory.py",
+    "helpers/techniques/accumulation.py": "tests/test_accumulation.py",
+    "helpers/techniques/tokens.py": "tests/test_tokens.py",
+    "helpers/techniques/token_loss.py": "tests/test_tokens.py",
+    "helpers/techniques/checkpointing.py": "tests/test_checkpointing.py tests/test_saved_tensors.py",
+    "helpers/techniques/segments.py": "tests/test_segments.py",
     "helpers/planner.py": "tests/test_planner.py",
-    "helpers/memory_profile.py": "tests/test_planner.py tests/test_profiler_independent.py",
+    "helpers/measure/memory_profile.py": "tests/test_planner.py tests/test_profiler_independent.py",
     "helpers/estimates.py": "tests/test_planner.py",
     "helpers/distributed.py": "tests/test_distributed.py",
     "helpers/fsdp.py": "tests/test_fsdp.py",
-    "helpers/formulas.py": ("tests/test_formulas.py tests/test_phases.py tests/test_pitfalls.py "
+    "helpers/measure/formulas.py": ("tests/test_formulas.py tests/test_phases.py tests/test_pitfalls.py "
                             "tests/test_planner.py tests/test_saved_tensors.py "
                             "tests/lessons/test_lesson01.py tests/lessons/test_lesson03.py "
                             "tests/lessons/test_lesson05.py"),
-    "helpers/saved_tensors.py": "tests/test_saved_tensors.py",
-    "helpers/phases.py": "tests/test_phases.py",
+    "helpers/techniques/saved_tensors.py": "tests/test_saved_tensors.py",
+    "helpers/techniques/phases.py": "tests/test_phases.py",
     # the presets' exact peaks, against full profiles of the same configs (tests/test_plan_report.py)
     "helpers/peak_envelope.py": "tests/test_plan_report.py",
-    "helpers/update_memory.py": "tests/test_update_memory.py tests/test_formulas.py",
+    "helpers/techniques/update_memory.py": "tests/test_update_memory.py tests/test_formulas.py",
 }
 PYTEST = "-x -q -p no:cacheprovider --assert=plain"  # a verdict needs no rewritten asserts
 DISABLED_TYPES = ("fstring", "decorator")  # scripts/mutate.sh passes these to --disable-mutation-types

@@ -1,6 +1,6 @@
 """Re-test the survivors of the last `make mutate` run, one module at a time, in a few seconds.
 
-`python scripts/mutmut_recheck.py [--from FILE] helpers/tokens.py [LINE ...]` reads
+`python scripts/mutmut_recheck.py [--from FILE] helpers/techniques/tokens.py [LINE ...]` reads
 .mutate/survivors.txt (written by scripts/mutate.sh; or FILE, in the same format), applies each
 survivor of that module (optionally only those on the given lines) to a throw-away copy of the
 repository, and runs the module's whole test files

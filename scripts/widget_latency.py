@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from helpers.core.device import SCALES
-from helpers.costs import interleaved_times
+from helpers.techniques.costs import interleaved_times
 
 PROTOCOL = "widget_latency_cases"
 LIMIT_S = 1.0  # the target for one slider move at the `small` scale (idle 2-core CPU): a figure, not a test
@@ -92,7 +92,7 @@ def build_cases(builder: CaseBuilder, scale: str, device: torch.device) -> dict[
 def _one_call(fn: Callable[[], object], device: torch.device) -> float:
     """Seconds of one call of `fn`, its display and print output swallowed, figures closed after.
 
-    Timed by the project's one timing helper, `helpers.costs.interleaved_times` (one run, no warm-up).
+    Timed by the project's timing helper, `helpers.techniques.costs.interleaved_times` (one run, no warm-up).
     """
     import matplotlib.pyplot as plt
     from IPython.utils.capture import capture_output

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from helpers import frameworks
-from helpers.accumulation import compare_grads
 from helpers.core.training import lm_loss
 from helpers.models.gpt import GPTConfig, seeded_gpt
-from helpers.token_loss import count_valid_tokens, split_micro_batches, variable_length_sequences
-from helpers.tokens import fixed_step
+from helpers.techniques.accumulation import compare_grads
+from helpers.techniques.token_loss import count_valid_tokens, split_micro_batches, variable_length_sequences
+from helpers.techniques.tokens import fixed_step
 
 CI = os.environ.get("CI", "").lower() == "true"
 pytestmark = pytest.mark.skipif(bool(frameworks.missing("accelerate")) and not CI,

@@ -8,7 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.accumulation import (
+from helpers.core.data import image_batch, regression_batch, token_batch
+from helpers.core.training import cleared_grads, lm_loss, trainable_params
+from helpers.core.validate import ArgTypeError
+from helpers.models.gpt import GPT, GPTConfig
+from helpers.models.nets import ConvNet, ResidualMLP
+from helpers.techniques.accumulation import (
     GradDiff,
     accumulated_grad,
     angle_degrees,
@@ -20,12 +25,7 @@ from helpers.accumulation import (
     group_gradient,
     weight_distance,
 )
-from helpers.core.data import image_batch, regression_batch, token_batch
-from helpers.core.training import cleared_grads, lm_loss, trainable_params
-from helpers.core.validate import ArgTypeError
-from helpers.models.gpt import GPT, GPTConfig
-from helpers.models.nets import ConvNet, ResidualMLP
-from helpers.tokens import tiny_lm
+from helpers.techniques.tokens import tiny_lm
 
 
 def mlp(dtype: torch.dtype = torch.float32) -> ResidualMLP:

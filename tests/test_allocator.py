@@ -1,4 +1,4 @@
-"""helpers.allocator: the CPU figure is the allocator's own record, split by the tracker's categories."""
+"""helpers.measure.memory against torch.cuda.memory._record_memory_history (the allocator's own record)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.allocator import AllocatorRecord, allocator_timeline
 from helpers.core.training import lm_loss
-from helpers.memory import measure_step
+from helpers.measure.allocator import AllocatorRecord, allocator_timeline
+from helpers.measure.memory import measure_step
+from helpers.measure.timeline import CATEGORIES
+from helpers.measure.tracker import MemoryTracker
 from helpers.models.gpt import GPT, GPTConfig
-from helpers.timeline import CATEGORIES
-from helpers.tracker import MemoryTracker
 
 SCRATCH = 3 * 2**20 + 40  # the custom kernel's own buffer: an odd size no tensor of the test has
 

@@ -1,4 +1,4 @@
-"""Unit tests for helpers.checkpointing (lesson 02), at tiny sizes."""
+"""Unit tests for helpers.techniques.checkpointing (lesson 02), at tiny sizes."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from helpers import checkpointing as ckpt
-from helpers import costs
 from helpers.core.data import image_batch, token_batch
 from helpers.core.device import seed_everything
 from helpers.core.training import lm_loss
-from helpers.memory import new_live_bytes, saved_activation_bytes
+from helpers.measure.memory import new_live_bytes, saved_activation_bytes
 from helpers.models.gpt import GPT, GPTConfig
 from helpers.models.nets import ConvNet
-from helpers.saved_tensors import attention_core_policy, save_matmul_outputs
+from helpers.techniques import checkpointing as ckpt
+from helpers.techniques import costs
+from helpers.techniques.saved_tensors import attention_core_policy, save_matmul_outputs
 
 B, S, H, A = 2, 16, 16, 2
 
@@ -229,7 +229,7 @@ def test_reentrant_trap_with_frozen_embeddings() -> None:
 
 
 # ---------------------------------------------------------------------------
-# Issue 16: tests written against the surviving mutants of helpers/checkpointing.py
+# Issue 16: tests written against the surviving mutants of helpers/techniques/checkpointing.py
 # ---------------------------------------------------------------------------
 
 

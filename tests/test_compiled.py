@@ -16,7 +16,7 @@ import torch._functorch.config as functorch_config
 
 from helpers import compiled
 from helpers.models.gpt import GPTConfig, seeded_gpt
-from helpers.saved_tensors import save_matmul_outputs
+from helpers.techniques.saved_tensors import save_matmul_outputs
 
 CFG = GPTConfig(vocab_size=32, seq_len=12, d_model=16, n_heads=2, n_layers=2, dropout=0.0)
 

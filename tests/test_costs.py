@@ -1,4 +1,4 @@
-"""Tests of helpers.costs: FLOPs counted by torch, interleaved warmed-up timings, TradeOffs."""
+"""Tests of helpers.techniques.costs: FLOPs counted by torch, interleaved warmed-up timings, TradeOffs."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from helpers import costs
 from helpers.core.data import regression_batch, token_batch
 from helpers.core.training import lm_loss
 from helpers.models.gpt import GPT, GPTConfig, explainer_model
 from helpers.models.nets import ResidualMLP
+from helpers.techniques import costs
 
 
 def test_count_flops_linear() -> None:
@@ -242,7 +242,7 @@ def test_trade_offs_defaults_smallest_controls_and_messages() -> None:
 
 def test_trade_offs_measures_memory_on_at_most_two_micro_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Memory comes from an update of min(K, 2) micro-steps, measured once per (B, min(K, 2), on)."""
-    from helpers.update_memory import measure_update
+    from helpers.techniques.update_memory import measure_update
 
     steps_measured: list[int] = []
 

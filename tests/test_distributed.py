@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from helpers import distributed as D
-from helpers.accumulation import compare_grads, full_batch_grad
 from helpers.launcher import WorkerPool
+from helpers.techniques.accumulation import compare_grads, full_batch_grad
 
 
 # -- batch bookkeeping ---------------------------------------------------------------------------

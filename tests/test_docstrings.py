@@ -151,7 +151,7 @@ def test_the_notebooks_entry_points_are_found() -> None:
     """The scan itself: names imported by name and names read from an imported module are both found."""
     found = _entry_points()
     assert len(found) > 200, f"only {len(found)} entry points found"
-    assert {"helpers.memory.measure_step", "helpers.lessons.lesson02.check_exercise_1",
+    assert {"helpers.measure.memory.measure_step", "helpers.lessons.lesson02.check_exercise_1",
             "helpers.core.units.format_bytes", "helpers.models.gpt.GPT"} <= set(found)
 
 

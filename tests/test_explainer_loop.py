@@ -21,18 +21,18 @@ from support.transformers_oracles import hf_dict
 from torch import nn
 
 from helpers import plan as plan_command
-from helpers.checkpointing import apply_ac
 from helpers.core.data import BatchSpec
 from helpers.core.training import lm_loss
 from helpers.hf_configs import HFModel, from_hf_config, transformers_missing
-from helpers.memory import measure_step
-from helpers.memory_profile import fit_profile
+from helpers.measure.memory import measure_step
+from helpers.measure.memory_profile import fit_profile
 from helpers.meta_profile import Profiler
 from helpers.models.architecture_config import ArchConfig
 from helpers.models.gpt import GPT, GPTConfig
-from helpers.phases import UpdateMeasurer, accumulate_update
 from helpers.plan_report import PlanReport, plan_model
 from helpers.planner import recommend
+from helpers.techniques.checkpointing import apply_ac
+from helpers.techniques.phases import UpdateMeasurer, accumulate_update
 
 CFG = GPTConfig(vocab_size=700, seq_len=40, d_model=48, n_heads=4, n_layers=2, dropout=0.0,
                 fused_attention=True)
@@ -187,9 +187,9 @@ def test_del_predictions_waits_for_a_loss_that_saved_them() -> None:
 
         return update
 
-    from helpers.memory import tracked_run
-    from helpers.phases import phase_peaks
-    from helpers.tracker import MemoryTracker, release_point
+    from helpers.measure.memory import tracked_run
+    from helpers.measure.tracker import MemoryTracker, release_point
+    from helpers.techniques.phases import phase_peaks
 
     def marked() -> None:
         opt.zero_grad(set_to_none=True)
@@ -241,7 +241,7 @@ def _hf(name: str) -> HFModel:
 
 
 def _lesson_loop_peak(hf: HFModel, b: int, k: int, checkpointed: bool, precision: str) -> int:
-    """The real CPU peak of lessons 03/06's loop (`helpers.phases.accumulate_update`) at B x K, Adam.
+    """The CPU peak of lessons 03/06's loop (`helpers.techniques.phases.accumulate_update`) at B x K, Adam.
 
     The model is built on the CPU by the same factory the plan profiled; under "bf16" the forward
     pass and the loss run under CPU autocast over the fp32 weights. One warm-up update first, so

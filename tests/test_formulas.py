@@ -1,4 +1,4 @@
-"""Tests of helpers.formulas: every memory formula against an independent count or a measurement."""
+"""Tests of helpers.measure.formulas: every memory formula against an independent count or a measurement."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import formulas
 from helpers.core.data import image_batch, regression_batch, token_batch
 from helpers.core.training import lm_loss
-from helpers.formulas import (
+from helpers.measure import formulas
+from helpers.measure.formulas import (
     activation_bytes_per_example,
     held_logits_bytes_per_example,
     linear_fit,
@@ -22,7 +22,7 @@ from helpers.formulas import (
 )
 from helpers.models.gpt import GPT, GPTConfig, explainer_config, explainer_model, seeded_gpt
 from helpers.models.nets import ConvNet, ResidualMLP
-from helpers.update_memory import ConfigMemory, activation_sweep, measure_update
+from helpers.techniques.update_memory import ConfigMemory, activation_sweep, measure_update
 
 CPU = torch.device("cpu")
 
@@ -197,7 +197,7 @@ def test_linear_fit_is_exact_on_a_large_floor_and_on_small_values() -> None:
 
 
 def test_activation_formulas_match_measurement() -> None:
-    from helpers.memory import saved_activation_bytes
+    from helpers.measure.memory import saved_activation_bytes
 
     model = ConvNet(3, 16, 3, 10, norm="batch")
     x, y = image_batch(8, size=8)

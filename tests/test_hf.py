@@ -13,9 +13,9 @@ import torch
 from support import transformers_oracles
 
 from helpers import frameworks, hf_models
-from helpers.accumulation import compare_grads
 from helpers.core.training import IGNORE_INDEX
-from helpers.token_loss import variable_length_sequences
+from helpers.techniques.accumulation import compare_grads
+from helpers.techniques.token_loss import variable_length_sequences
 
 CI = os.environ.get("CI", "").lower() == "true"
 pytestmark = pytest.mark.skipif(bool(frameworks.missing("transformers", "accelerate")) and not CI,

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from helpers.kernel_buffers import attention_backward_buffer_bytes, kernel_buffers, rng_states_counted
-from helpers.memory import tracked_run
-from helpers.tracker import MemoryTracker
+from helpers.measure.memory import tracked_run
+from helpers.measure.tracker import MemoryTracker
 
 SHAPES = [(1, 2, 64, 16), (2, 4, 130, 32), (1, 3, 300, 24), (1, 2, 800, 40), (2, 1, 1100, 64)]
 

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from helpers import frameworks
-from helpers.accumulation import compare_grads
 from helpers.core.data import regression_batch
 from helpers.models.nets import ResidualMLP
+from helpers.techniques.accumulation import compare_grads
 
 CI = os.environ.get("CI", "").lower() == "true"
 pytestmark = pytest.mark.skipif(bool(frameworks.missing("lightning")) and not CI,

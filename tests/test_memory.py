@@ -13,7 +13,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from helpers.core.data import token_batch
 from helpers.core.device import CPU_TRACKER, TENSOR_TRACKER
 from helpers.core.training import lm_loss
-from helpers.memory import (
+from helpers.measure.memory import (
     measure_step,
     micro_step_memory,
     new_live_bytes,
@@ -22,10 +22,10 @@ from helpers.memory import (
     saved_activation_bytes,
     tracker_method,
 )
+from helpers.measure.timeline import CATEGORIES
+from helpers.measure.tracker import MemoryTracker
 from helpers.models.gpt import GPT, GPTBlock, GPTConfig
 from helpers.models.nets import ResidualMLP
-from helpers.timeline import CATEGORIES
-from helpers.tracker import MemoryTracker
 
 
 class UnseenNet(nn.Module):
@@ -334,7 +334,8 @@ def _sweep(sizes: list[int], step) -> dict[int, object]:  # noqa: ANN001
 
 def test_sweep_survives_an_out_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     freed = {"gc": 0, "empty_cache": 0}
-    monkeypatch.setattr("helpers.memory.gc.collect", lambda *a: freed.__setitem__("gc", freed["gc"] + 1) or 0)
+    monkeypatch.setattr("helpers.measure.memory.gc.collect",
+                        lambda *a: freed.__setitem__("gc", freed["gc"] + 1) or 0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache",
                         lambda: freed.__setitem__("empty_cache", freed["empty_cache"] + 1))
@@ -438,10 +439,10 @@ def test_every_measuring_function_refuses_a_meta_model_and_names_the_planner() -
     Each public function that measures a model's step raises instead, naming the meta profiler and
     the plan command, which count what kernels allocate inside themselves.
     """
-    from helpers.memory import micro_step_memory, record_timeline
-    from helpers.phases import measure_phases
-    from helpers.segments import segment_sweep
-    from helpers.tradeoffs import gradient_peak
+    from helpers.measure.memory import micro_step_memory, record_timeline
+    from helpers.techniques.phases import measure_phases
+    from helpers.techniques.segments import segment_sweep
+    from helpers.techniques.tradeoffs import gradient_peak
 
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
                         nn.Linear(8 * 8 * 8, 10)).to("meta")

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.checkpointing import apply_ac, blocks_of
 from helpers.core.data import BatchSpec
 from helpers.meta_profile import Profiler
 from helpers.models.gpt import GPT, GPTConfig
 from helpers.target_kernels import cuda_kernel
+from helpers.techniques.checkpointing import apply_ac, blocks_of
 
 # -- models the planner has never seen ---------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.oom import OOMReport, format_size, parse_size, read_oom_message
+from helpers.measure.oom import OOMReport, format_size, parse_size, read_oom_message
 
 GIB, MIB = 2**30, 2**20
 
@@ -123,7 +123,7 @@ def test_no_listed_process_can_be_this_one_when_each_is_smaller_than_its_reserve
 
 
 def test_the_advice_names_both_allocator_variables_and_the_peak_caveat() -> None:
-    from helpers.oom import ALLOCATOR_SETTINGS
+    from helpers.measure.oom import ALLOCATOR_SETTINGS
 
     lines = read_oom_message(NEW).diagnosis()
     frag = next(line for line in lines if "fragmentation" in line)

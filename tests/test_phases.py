@@ -1,4 +1,4 @@
-"""helpers.phases (lesson 06): an update measured phase by phase, and the measurer the lesson sweeps."""
+"""helpers.techniques.phases (lesson 06): an update measured phase by phase, and the lesson's measurer."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 from support.updates import mlp_adam, mlp_update
 
-from helpers import phases
-from helpers.accumulation import compare_grads, flat_grad, full_batch_grad
 from helpers.core.data import token_batch
 from helpers.core.training import lm_loss
 from helpers.models.gpt import GPT, GPTConfig, seeded_gpt
+from helpers.techniques import phases
+from helpers.techniques.accumulation import compare_grads, flat_grad, full_batch_grad
 
 CPU = torch.device("cpu")
 SMALL_GPT = GPTConfig(vocab_size=1024, seq_len=16, d_model=32, n_heads=2, n_layers=2, dropout=0.0)

@@ -1,4 +1,4 @@
-"""Tests for helpers.pitfalls (lesson 04): the claims at tiny sizes, and every ValueError."""
+"""Tests for helpers.techniques.pitfalls (lesson 04): the claims at tiny sizes, and every ValueError."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import amp, formulas, pitfalls
-from helpers.accumulation import accumulated_grad, compare_grads, full_batch_grad
 from helpers.core import training
 from helpers.core.data import image_batch, regression_batch
+from helpers.measure import formulas
 from helpers.models.nets import ConvNet, DropoutMLP, ResidualMLP
+from helpers.techniques import amp, pitfalls
+from helpers.techniques.accumulation import accumulated_grad, compare_grads, full_batch_grad
 
 matplotlib.use("Agg")
 TINY = dict(width=4, depth=2, size=8)

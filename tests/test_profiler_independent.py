@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from helpers.core.data import BatchSpec
-from helpers.memory import measure_step
+from helpers.measure.memory import measure_step
 from helpers.meta_profile import Profiler
 from helpers.plan_report import plan_model
 

@@ -93,7 +93,7 @@ def hf():
 def _policy() -> object:
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    from helpers.saved_tensors import save_matmul_outputs
+    from helpers.techniques.saved_tensors import save_matmul_outputs
 
     return functools.partial(create_selective_checkpoint_contexts, save_matmul_outputs)
 
@@ -117,7 +117,7 @@ def _program(kind: str, code: str) -> str:
 def _train_one_update(hf, args: object, model: object, tmp_path: Path) -> None:
     import transformers
 
-    from helpers.token_loss import variable_length_sequences
+    from helpers.techniques.token_loss import variable_length_sequences
 
     if not args.activation_checkpointing and args.activation_checkpointing_kwargs:
         args = dataclasses.replace(args, activation_checkpointing=True)  # a kwargs fragment shown alone
@@ -159,7 +159,7 @@ def test_every_recipe_runs_as_shown(hf, where: str, kind: str, code: str, tmp_pa
 
 
 def _samples() -> list:
-    from helpers.token_loss import variable_length_sequences
+    from helpers.techniques.token_loss import variable_length_sequences
 
     return variable_length_sequences(4, SIZES["max_len"], SIZES["vocab_size"], spread=0.5, seed=2)
 

@@ -99,10 +99,10 @@ def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
     small share of the step on the recompute: the old proxy (1.05 <= ckpt / plain <= 1.40) failed it,
     though the claim holds.
     """
-    from helpers import checkpointing, costs
     from helpers.claims import CLAIMS
     from helpers.core.training import lm_loss
     from helpers.models.gpt import GPTConfig, seeded_gpt
+    from helpers.techniques import checkpointing, costs
 
     (c11,) = [c for c in CLAIMS if c.id == "C11"]
     lab = claim_lab.Lab(torch.device("cpu"), scale="tiny")

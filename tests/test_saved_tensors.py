@@ -1,4 +1,4 @@
-"""helpers.saved_tensors (lesson 02): what autograd keeps for a block, against Korthikanti et al."""
+"""helpers.techniques.saved_tensors (lesson 02): what autograd keeps per block, against Korthikanti et al."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from helpers import formulas
-from helpers import saved_tensors as st
 from helpers.core.data import token_batch
 from helpers.core.device import seed_everything
 from helpers.core.training import lm_loss
-from helpers.memory import saved_activation_bytes
+from helpers.measure import formulas
+from helpers.measure.memory import saved_activation_bytes
 from helpers.models.gpt import GPTBlock, GPTConfig, explainer_model
-from helpers.saved_tensors import origin_group, saved_tensor_bytes
+from helpers.techniques import saved_tensors as st
+from helpers.techniques.saved_tensors import origin_group, saved_tensor_bytes
 
 CORE_SHAPE = (2, 64, 16, 4)  # b, s, h, a: long enough that the s^2 terms show
 

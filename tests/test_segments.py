@@ -1,12 +1,12 @@
-"""helpers.segments: the sqrt(n) experiment (lesson 02 section 4), chains cut into k segments."""
+"""helpers.techniques.segments: the sqrt(n) experiment (lesson 02 section 4), chains cut into k segments."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from helpers import segments as seg
 from helpers.core.device import seed_everything
+from helpers.techniques import segments as seg
 
 
 def test_chain_arguments() -> None:
@@ -74,7 +74,7 @@ def test_bools_are_not_ints() -> None:
         seg.segment_sizes(4, True)  # type: ignore[arg-type]
 
 
-# Issue 16: written against the surviving mutants of this code, then in helpers/checkpointing.py
+# Issue 16: written against the surviving mutants of this code, then in helpers/techniques/checkpointing.py
 
 
 def test_chain_layer_costs_single_and_parameter_free_layers() -> None:

@@ -1,4 +1,4 @@
-"""Tests of helpers.tokens (lesson 05): data, the group-normalised loss and its errors, the key claims."""
+"""helpers.techniques.tokens (lesson 05): data, the group-normalised loss and its errors, the key claims."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from support.fixtures import L, V, token_samples
 
-from helpers import tokens
-from helpers.accumulation import compare_grads
 from helpers.core.training import IGNORE_INDEX
-from helpers.token_loss import (
+from helpers.techniques import tokens
+from helpers.techniques.accumulation import compare_grads
+from helpers.techniques.token_loss import (
     count_valid_tokens,
     group_normalised_loss,
     micro_batch_loss,
@@ -21,7 +21,7 @@ from helpers.token_loss import (
     split_micro_batches,
     variable_length_sequences,
 )
-from helpers.tokens import (
+from helpers.techniques.tokens import (
     accumulation_report,
     fixed_step,
     full_batch_step,

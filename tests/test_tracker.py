@@ -1,4 +1,4 @@
-"""helpers.tracker: the pure timeline builder, and nested trackers sharing one gc freeze."""
+"""helpers.measure.tracker: the pure timeline builder, and nested trackers sharing one gc freeze."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from helpers.dispatch import _GcFreeze
-from helpers.timeline import _Record, build_timeline
-from helpers.tracker import MemoryTracker
+from helpers.measure.dispatch import _GcFreeze
+from helpers.measure.timeline import _Record, build_timeline
+from helpers.measure.tracker import MemoryTracker
 
 
 def test_build_timeline_from_known_lifetimes() -> None:
@@ -263,7 +263,7 @@ def test_the_tracker_counts_on_the_models_device() -> None:
 
 def test_released_timeline_lets_marked_outputs_die_at_their_release_point() -> None:
     """Hand count: y (1 KiB) is marked right after the loss; the loop keeps it to the end."""
-    from helpers.tracker import release_point
+    from helpers.measure.tracker import release_point
 
     w = torch.ones(256, requires_grad=True)
     with MemoryTracker() as tracker:
@@ -320,7 +320,7 @@ def test_watch_counts_a_tensor_made_outside_any_op_on_any_device() -> None:
 
 
 def test_op_observer_sees_each_op_after_it_ran() -> None:
-    from helpers.dispatch import OpObserver
+    from helpers.measure.dispatch import OpObserver
 
     class Seen(OpObserver):
         def __init__(self) -> None:

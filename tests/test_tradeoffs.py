@@ -1,4 +1,4 @@
-"""helpers.tradeoffs: optimizer in backward, chunked cross-entropy and activation offloading, measured."""
+"""helpers.techniques.tradeoffs: optimizer in backward, chunked cross-entropy, offloading, measured."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import copy
 import pytest
 import torch
 
-from helpers import tradeoffs
-from helpers.accumulation import compare_grads
 from helpers.core.training import IGNORE_INDEX, lm_loss
-from helpers.memory import saved_activation_bytes
+from helpers.measure.memory import saved_activation_bytes
+from helpers.measure.tracker import MemoryTracker
 from helpers.models.gpt import GPTConfig, seeded_gpt
-from helpers.tracker import MemoryTracker
+from helpers.techniques import tradeoffs
+from helpers.techniques.accumulation import compare_grads
 
 CFG = GPTConfig(vocab_size=64, seq_len=8, d_model=32, n_heads=2, n_layers=2, dropout=0.0)
 

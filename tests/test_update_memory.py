@@ -1,4 +1,4 @@
-"""helpers.update_memory: one accumulation update measured whole, its table rows and the sweep."""
+"""helpers.techniques.update_memory: one accumulation update measured whole, its table rows and the sweep."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers.core.data import token_batch
 from helpers.core.training import lm_loss
-from helpers.formulas import linear_fit
+from helpers.measure.formulas import linear_fit
 from helpers.models.gpt import GPTConfig, explainer_model, seeded_gpt
-from helpers.update_memory import activation_sweep, breakdown_for, measure_config, measure_update
+from helpers.techniques.update_memory import activation_sweep, breakdown_for, measure_config, measure_update
 
 CPU = torch.device("cpu")
 TINY = GPTConfig(vocab_size=5, seq_len=3, d_model=4, n_heads=2, n_layers=2, dropout=0.0)

@@ -33,11 +33,16 @@ from helpers.core.device import SCALES
 from helpers.core.plots import figure, show, stacked_bars
 from helpers.core.training import lm_loss
 from helpers.core.validate import answer_number, choice, non_negative_number, positive_int, positive_number
-from helpers.formulas import FP32, activation_bytes_per_example, param_counts, predicted_update_peak_bytes
-from helpers.memory import StepMemory, run_or_oom
+from helpers.measure.formulas import (
+    FP32,
+    activation_bytes_per_example,
+    param_counts,
+    predicted_update_peak_bytes,
+)
+from helpers.measure.memory import StepMemory, run_or_oom
 from helpers.models.gpt import GPT, explainer_config, explainer_model
-from helpers.saved_tensors import origin_group
-from helpers.update_memory import ConfigMemory, measure_config, measure_update
+from helpers.techniques.saved_tensors import origin_group
+from helpers.techniques.update_memory import ConfigMemory, measure_config, measure_update
 
 __all__ = [
     "BUDGET_LABEL", "BudgetRow", "EXPLAINER_INPUTS", "GB", "LessonSizes", "budget_row", "check_exercise_1",

@@ -1,7 +1,7 @@
 """Lesson 02 (notebooks/02_activation_checkpointing.ipynb): sizes, the trade-off widget, exercise checkers.
 
-The widget's measuring (memory, FLOPs and time of B x K) is `helpers.costs.TradeOffs`; the
-sqrt(n) chains are `helpers.segments`, the checkpointing itself `helpers.checkpointing`.
+The widget's measuring (memory, FLOPs and time of B x K) is `helpers.techniques.costs.TradeOffs`; the
+sqrt(n) chains are `helpers.techniques.segments`, the checkpointing itself `helpers.techniques.checkpointing`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from helpers.core import plots, units
 from helpers.core.device import SCALES, by_scale
 from helpers.core.validate import answer_number, choice
-from helpers.costs import TradeOff, TradeOffs
-from helpers.formulas import KORTHIKANTI, gpt_step_peak_bytes, korthikanti_terms
-from helpers.memory import saved_activation_bytes
+from helpers.measure.formulas import KORTHIKANTI, gpt_step_peak_bytes, korthikanti_terms
+from helpers.measure.memory import saved_activation_bytes
 from helpers.models.gpt import GPTBlock, GPTConfig, deep_gpt_setup, explainer_config, explainer_model
-from helpers.segments import EXERCISE_CHAIN, chain_layer_costs, divisors, make_chain, segment_sweep
+from helpers.techniques.costs import TradeOff, TradeOffs
+from helpers.techniques.segments import EXERCISE_CHAIN, chain_layer_costs, divisors, make_chain, segment_sweep
 
 __all__ = [
     "CHAIN_LENGTHS", "REFERENCE_ROWS", "WIDGET_MAX_STEPS", "LessonSizes", "TradeOffLab",
@@ -140,7 +140,7 @@ REFERENCE_ROWS = ((8, 4, False), (4, 8, False), (4, 8, True))
 
 
 class TradeOffLab(TradeOffs):
-    """The widget's lab: `helpers.costs.TradeOffs` on one model, and `show`, the widget's work.
+    """The widget's lab: `helpers.techniques.costs.TradeOffs` on one model, and `show`, the widget's work.
 
     Args:
         model: the GPT measured.

@@ -11,7 +11,7 @@
 The instruments it uses live apart: the gradient API (`flat_grad`, `full_batch_grad`,
 `accumulated_grad`, `compare_grads`, `group_gradient`, `angle_degrees`) in `helpers.accumulation`,
 `micro_step_memory` in `helpers.memory`, the throughput sweep (`throughput_sweep`) in
-`helpers.costs`.
+`helpers.techniques.costs`.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from helpers.accumulation import GradDiff, LossFn, accumulated_grad, compare_grads, full_batch_grad
 from helpers.core.device import by_scale, device_of
 from helpers.core.training import clear_grads, lm_loss
 from helpers.core.validate import answer_number, positive_int
-from helpers.formulas import gpt_activation_bytes, gpt_param_count
 from helpers.lessons import verdict
-from helpers.memory import MicroStepMemory, micro_step_memory, run_or_oom, saved_activation_bytes
+from helpers.measure.formulas import gpt_activation_bytes, gpt_param_count
+from helpers.measure.memory import MicroStepMemory, micro_step_memory, run_or_oom, saved_activation_bytes
 from helpers.models.gpt import GPTConfig
+from helpers.techniques.accumulation import GradDiff, LossFn, accumulated_grad, compare_grads, full_batch_grad
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -10,9 +10,9 @@ from matplotlib.axes import Axes
 
 from helpers.core.device import by_scale
 from helpers.core.validate import positive_int
-from helpers.formulas import convnet_activation_bytes, convnet_param_count, mlp_activation_bytes
 from helpers.lessons import verdict
-from helpers.pitfalls import Schedule, lr_schedule, norm_error_curve
+from helpers.measure.formulas import convnet_activation_bytes, convnet_param_count, mlp_activation_bytes
+from helpers.techniques.pitfalls import Schedule, lr_schedule, norm_error_curve
 
 __all__ = [
     "LessonSizes", "bn_error_by_steps", "check_exercise_1", "check_exercise_2", "check_exercise_3",

@@ -1,6 +1,6 @@
 """Token-weighted losses (lesson 05): sizes per scale, figures, the widget, exercise checkers.
 
-The data, losses and measured steps the lesson teaches are in `helpers.tokens`.
+The data, losses and measured steps the lesson teaches are in `helpers.techniques.tokens`.
 
 - Sizes: `lesson_sizes(scale)` -> `TokenSizes` (data, model, sweeps and widget ranges).
 - Figures: `draw_errors` (gradient errors on a log axis, exact zeros marked),
@@ -23,16 +23,16 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from helpers.accumulation import compare_grads, flat_grad
 from helpers.core import plots
 from helpers.core.device import SCALES
 from helpers.core.training import IGNORE_INDEX, cleared_grads, lm_loss
 from helpers.core.validate import choice, number_in_range
-from helpers.formulas import gpt_param_count, predicted_step_peak_bytes
 from helpers.lessons import not_answered
+from helpers.measure.formulas import gpt_param_count, predicted_step_peak_bytes
 from helpers.models.gpt import GPT, GPTConfig
-from helpers.token_loss import pad_sequences, split_micro_batches, variable_length_sequences
-from helpers.tokens import TokenReport, accumulation_report, tiny_lm, tiny_lm_config
+from helpers.techniques.accumulation import compare_grads, flat_grad
+from helpers.techniques.token_loss import pad_sequences, split_micro_batches, variable_length_sequences
+from helpers.techniques.tokens import TokenReport, accumulation_report, tiny_lm, tiny_lm_config
 
 __all__ = [
     "ERROR_FLOOR", "TOLERANCE", "TokenSizes", "check_exercise_1", "check_exercise_2", "check_exercise_3",

@@ -2,7 +2,7 @@
 
 The planner itself (`MemoryProfile`, `fit_profile`, `Plan`, `recommend`, the estimators and
 the remedies) is in `helpers.planner`; the phase measurements (`measure_phases`,
-`UpdateMeasurer`) are in `helpers.phases`. Here, in the order the notebook uses them:
+`UpdateMeasurer`) are in `helpers.techniques.phases`. Here, in the order the notebook uses them:
 
 - `lesson_config` / `lesson_model`: the GPT this lesson measures at each scale.
 - `run_capped`: run a callable under a CUDA per-process memory cap; an OOM is caught.
@@ -21,11 +21,11 @@ import torch
 
 from helpers.core.device import SCALES, by_scale
 from helpers.core.validate import choice, positive_int
-from helpers.formulas import gpt_param_count, korthikanti_activation_bytes
-from helpers.memory_profile import MemoryProfile, fit_profile
+from helpers.measure.formulas import gpt_param_count, korthikanti_activation_bytes
+from helpers.measure.memory_profile import MemoryProfile, fit_profile
 from helpers.models.gpt import GPT, GPTConfig
-from helpers.phases import PhaseMemory, UpdateMeasurer
 from helpers.planner import GB, Plan, recommend
+from helpers.techniques.phases import PhaseMemory, UpdateMeasurer
 
 __all__ = [
     "EXPLAINER_GB", "LARGEST_RUN", "PlannerLab", "check_exercise_1", "check_exercise_2", "check_exercise_3",

@@ -77,7 +77,7 @@ def data_parallel_report(micro_batch: int, accumulation_steps: int, world_size: 
     """Run one update of B x K x W on real DDP workers, with and without no_sync; compare to one process."""
     import functools
 
-    from helpers.accumulation import compare_grads, full_batch_grad
+    from helpers.techniques.accumulation import compare_grads, full_batch_grad
 
     sizes = check_batch_sizes(None, micro_batch, accumulation_steps, world_size)
     x, y = lesson_data(sizes.train_batch, seed=seed)

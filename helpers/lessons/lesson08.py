@@ -7,15 +7,15 @@ from dataclasses import dataclass
 
 import torch
 
-from helpers import accumulation as acc
 from helpers.claim_lab import LAB_CONFIG, Lab
 from helpers.core.device import pick_device
 from helpers.core.training import lm_loss
 from helpers.core.validate import choice, positive_int
-from helpers.formulas import gpt_step_peak_bytes, predicted_update_peak_bytes
+from helpers.measure.formulas import gpt_step_peak_bytes, predicted_update_peak_bytes
 from helpers.models.gpt import GPT, GPTConfig, deep_gpt_setup, explainer_config
 from helpers.planner import RULE_COROLLARY, decision_rule
 from helpers.review import Ledger
+from helpers.techniques import accumulation as acc
 
 __all__ = [
     "EXERCISES", "INTERVIEW_PATH", "INTERVIEW_WORDS", "QUIZ", "Feedback", "LessonSizes", "Question",
@@ -375,8 +375,8 @@ def predicted_peak_bytes(scale: str) -> int:
 
     The fast lab (`LAB_CONFIG`) is the same at every scale and stays tiny. The headline claims
     grow with the scale: the 8 x 4 Adam row on lesson 01's model (C08, C25), as
-    `helpers.formulas.predicted_update_peak_bytes` predicts it, and a step of lesson 02's model at its
-    micro-batch (C09, C11), as `helpers.formulas.gpt_step_peak_bytes` predicts it.
+    `helpers.measure.formulas.predicted_update_peak_bytes` predicts it, and a step of lesson 02's model at its
+    micro-batch (C09, C11), as `helpers.measure.formulas.gpt_step_peak_bytes` predicts it.
     """
     choice("scale", scale, ("tiny", "small", "medium", "full"))
     n_params = sum(p.numel() for p in GPT(LAB_CONFIG).parameters())

@@ -16,7 +16,7 @@ from helpers.core import units
 from helpers.core.data import BatchSpec
 from helpers.core.device import SCALES, by_scale
 from helpers.core.validate import answer_number, choice, number_in_range, positive_int, positive_number
-from helpers.memory_profile import MemoryProfile
+from helpers.measure.memory_profile import MemoryProfile
 from helpers.meta_profile import Profiler
 from helpers.models.architecture_config import param_count
 from helpers.models.gpt import GPT, GPTConfig
@@ -320,13 +320,13 @@ def check_exercise_3(bytes_saved: object) -> str:
 def logits_memory(tokens: int = 128, hidden: int = 64, vocab: int = 8192, chunk: int = 16) -> dict[str, int]:
     """Peak bytes of the LM head + loss + backward, measured on this CPU, with and without chunking.
 
-    Runs `helpers.tradeoffs.full_cross_entropy` and `chunked_cross_entropy` (the head and the loss a
+    Runs `helpers.techniques.tradeoffs.full_cross_entropy` and `chunked_cross_entropy` (head and loss a
     chunk of tokens at a time, each chunk recomputed in backward) on random fp32 hidden states under
     `helpers.memory.measure_step` (the CPU allocator's record). Returns {"full": ..., "chunked": ...},
     the peak above the head's weight and the hidden states, and "logits": one fp32 logits tensor.
     """
-    from helpers.memory import measure_step
-    from helpers.tradeoffs import chunked_cross_entropy, full_cross_entropy
+    from helpers.measure.memory import measure_step
+    from helpers.techniques.tradeoffs import chunked_cross_entropy, full_cross_entropy
 
     for name, value in (("tokens", tokens), ("hidden", hidden), ("vocab", vocab), ("chunk", chunk)):
         positive_int(name, value)

@@ -3,7 +3,7 @@
 The measuring lives in instruments: `helpers.frameworks` (finding and importing the
 frameworks), `helpers.hf` (Transformers), `helpers.accel` (Accelerate),
 `helpers.lightning_run` (Lightning), `helpers.compiled` (the compiler's memory budget)
-and `helpers.tradeoffs` (optimizer in backward, chunked loss, offloading).
+and `helpers.techniques.tradeoffs` (optimizer in backward, chunked loss, offloading).
 
 - Sizes: `lesson_sizes(scale)` -> `Sizes`; `gpt_config(sizes)`, `lm_samples(sizes, n)`.
 - Figures: `plot_pareto(curve, others)`; tables print with `helpers.core.display.text_table`, the
@@ -23,17 +23,17 @@ from dataclasses import dataclass, field
 import torch
 
 from helpers import compiled, frameworks
-from helpers.accumulation import compare_grads
 from helpers.core import plots, units
 from helpers.core.device import SCALES
 from helpers.core.display import text_table
 from helpers.core.training import warmup_cosine
 from helpers.core.validate import answer_number, choice, number_in_range, positive_int
-from helpers.formulas import gpt_step_peak_bytes
 from helpers.lessons import not_answered
+from helpers.measure.formulas import gpt_step_peak_bytes
 from helpers.models.gpt import GPT, GPTConfig, seeded_gpt
-from helpers.token_loss import count_valid_tokens, split_micro_batches, variable_length_sequences
-from helpers.tokens import fixed_step, full_batch_step, naive_step
+from helpers.techniques.accumulation import compare_grads
+from helpers.techniques.token_loss import count_valid_tokens, split_micro_batches, variable_length_sequences
+from helpers.techniques.tokens import fixed_step, full_batch_step, naive_step
 
 __all__ = [
     "BudgetExplorer",

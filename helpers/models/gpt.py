@@ -165,7 +165,7 @@ _EXPLAINER_SIZES = {
 def explainer_config(scale: str) -> GPTConfig:
     """GPT sizes of the model lessons 01 and 02 measure at `scale` (one of `helpers.device.SCALES`).
 
-    No dropout, attention written out: the model `helpers.formulas` describes.
+    No dropout, attention written out: the model `helpers.measure.formulas` describes.
     """
     choice("scale", scale, SCALES)
     return GPTConfig(dropout=0.0, **_EXPLAINER_SIZES[scale])

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from helpers.core.device import SCALES
-from helpers.formulas import activation_bytes_per_example
 from helpers.lessons import lesson01
 from helpers.lessons.lesson01 import (
     budget_row,
@@ -22,8 +21,9 @@ from helpers.lessons.lesson01 import (
     predicted_peak_bytes,
     widget_latency_cases,
 )
+from helpers.measure.formulas import activation_bytes_per_example
 from helpers.models.gpt import GPT, explainer_config
-from helpers.update_memory import ConfigMemory
+from helpers.techniques.update_memory import ConfigMemory
 
 CPU = torch.device("cpu")
 

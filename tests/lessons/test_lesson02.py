@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
-from helpers import costs, segments
 from helpers.core.data import token_batch
 from helpers.core.device import seed_everything
 from helpers.core.training import lm_loss
 from helpers.lessons import lesson02
 from helpers.models.gpt import GPT, deep_gpt_setup, explainer_model
-from helpers.saved_tensors import save_matmul_outputs
+from helpers.techniques import costs, segments
+from helpers.techniques.saved_tensors import save_matmul_outputs
 
 
 def test_trade_off_lab_widget_function() -> None:
@@ -66,7 +66,7 @@ def test_predicted_peak_bounds_the_measured_gpt_step() -> None:
         opt.step()
 
     step()
-    from helpers.memory import measure_step
+    from helpers.measure.memory import measure_step
 
     measured = measure_step(step, model=model, optimizer=opt).peak_bytes
     assert measured <= lesson02.predicted_peak_bytes("tiny")

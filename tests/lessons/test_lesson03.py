@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import formulas
 from helpers.core.data import regression_batch, token_batch
 from helpers.core.training import lm_loss
 from helpers.lessons import lesson03
@@ -17,7 +16,8 @@ from helpers.lessons.lesson03 import (
     scatter_grads,
     show_gradient_error,
 )
-from helpers.memory import micro_step_memory, saved_activation_bytes
+from helpers.measure import formulas
+from helpers.measure.memory import micro_step_memory, saved_activation_bytes
 from helpers.models.gpt import GPT, GPTConfig
 from helpers.models.nets import ResidualMLP
 
@@ -139,7 +139,7 @@ def test_exercise_checkers(check, right, wrong, capsys):
 
 def test_micro_step_figure_draws_coinciding_loops_once_and_labels_every_mark() -> None:
     from helpers.core.plots import figure
-    from helpers.memory import MicroStepMemory
+    from helpers.measure.memory import MicroStepMemory
 
     def run(values: list[int], labels: list[str]) -> MicroStepMemory:
         return MicroStepMemory(labels, values, max(values), 0, "tracker")

@@ -11,10 +11,8 @@ import torch
 import torch.nn.functional as F
 from support.fixtures import L, V, token_samples
 
-from helpers.accumulation import compare_grads
 from helpers.core.device import SCALES
 from helpers.core.training import IGNORE_INDEX
-from helpers.formulas import predicted_step_peak_bytes
 from helpers.lessons.lesson05 import (
     ERROR_FLOOR,
     check_exercise_1,
@@ -27,15 +25,17 @@ from helpers.lessons.lesson05 import (
     show_token_report,
     widget_latency_cases,
 )
-from helpers.memory import measure_step
-from helpers.token_loss import (
+from helpers.measure.formulas import predicted_step_peak_bytes
+from helpers.measure.memory import measure_step
+from helpers.techniques.accumulation import compare_grads
+from helpers.techniques.token_loss import (
     MicroBatch,
     count_valid_tokens,
     pad_sequences,
     split_micro_batches,
     variable_length_sequences,
 )
-from helpers.tokens import fixed_step, full_batch_step, naive_step, tiny_lm
+from helpers.techniques.tokens import fixed_step, full_batch_step, naive_step, tiny_lm
 
 matplotlib.use("Agg")
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from helpers.lessons import lesson06
-from helpers.memory import run_capped
-from helpers.memory_profile import MemoryProfile
-from helpers.phases import UpdateMeasurer
+from helpers.measure.memory import run_capped
+from helpers.measure.memory_profile import MemoryProfile
+from helpers.techniques.phases import UpdateMeasurer
 
 CPU = torch.device("cpu")
 MiB = 2**20

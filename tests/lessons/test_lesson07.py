@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from helpers import distributed as D
-from helpers.accumulation import full_batch_grad
 from helpers.fsdp import FSDP_TRACKER, FSDPStepMemory
 from helpers.launcher import WorkerPool
 from helpers.lessons import lesson07
+from helpers.techniques.accumulation import full_batch_grad
 
 
 def _param_count(model: torch.nn.Module) -> int:

@@ -8,12 +8,13 @@ import matplotlib
 import pytest
 import torch
 
-from helpers import compiled, frameworks, tradeoffs
+from helpers import compiled, frameworks
 from helpers.core.device import SCALES
 from helpers.core.training import lm_loss, warmup_cosine
 from helpers.lessons import lesson10 as lab
-from helpers.memory import measure_step
+from helpers.measure.memory import measure_step
 from helpers.models.gpt import seeded_gpt
+from helpers.techniques import tradeoffs
 
 matplotlib.use("Agg")
 CI = os.environ.get("CI", "").lower() == "true"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.token_loss import variable_length_sequences
-from helpers.tokens import tiny_lm
+from helpers.techniques.token_loss import variable_length_sequences
+from helpers.techniques.tokens import tiny_lm
 
 V, L = 16, 12  # the tiny language model's vocabulary and longest sequence
 

@@ -11,7 +11,7 @@ pitfalls, each with the measurement a notebook needs:
   masks can be passed in, so a full-batch mask can be sliced per micro-batch.
 - Scheduler stepping: `lr_schedule` (a real `LambdaLR` of `helpers.core.training.warmup_cosine`
   stepped per update or per micro-step).
-- Mixed precision (in `helpers.amp`; float16 autocast on CPU and CUDA):
+- Mixed precision (in `helpers.techniques.amp`; float16 autocast on CPU and CUDA):
   `amp_update` runs one accumulated update with a GradScaler in the correct order or in one
   of the wrong ones; `fp16_underflow` counts the gradient entries float16 flushes to zero.
 
@@ -32,7 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.accumulation import (
+from helpers.core.data import image_batch, regression_batch
+from helpers.core.training import cleared_grads, warmup_cosine
+from helpers.core.validate import choice, int_at_least, int_in_range, positive_int
+from helpers.models.nets import NORMS, ConvNet, DropoutMLP
+from helpers.techniques.accumulation import (
     LossFn,
     accumulated_grad,
     check_batch,
@@ -41,10 +45,6 @@ from helpers.accumulation import (
     flat_grad,
     full_batch_grad,
 )
-from helpers.core.data import image_batch, regression_batch
-from helpers.core.training import cleared_grads, warmup_cosine
-from helpers.core.validate import choice, int_at_least, int_in_range, positive_int
-from helpers.models.nets import NORMS, ConvNet, DropoutMLP
 
 __all__ = [
     "BN_MODES", "SCHEDULE_MODES", "Schedule", "batchnorm_buffers", "default_micro_batches", "dropout_grads",

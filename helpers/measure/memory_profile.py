@@ -2,7 +2,7 @@
 
 `fit_profile(measure, sizes)` fits the floor, other, activation bytes per example and the
 optimizer-phase peak at a few micro-batch sizes from `StepMemory` (`helpers.memory.measure_step`)
-or `PhaseMemory` (`helpers.phases.measure_phases`) results; `MemoryProfile.predict_peak(b)`
+or `PhaseMemory` (`helpers.techniques.phases.measure_phases`) results; `MemoryProfile.predict_peak(b)`
 predicts the peak for any micro-batch. `helpers.planner` plans with it.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from helpers.core.validate import callable_arg, positive_int
-from helpers.formulas import linear_fit
+from helpers.measure.formulas import linear_fit
 
 __all__ = ["MemoryProfile", "fit_profile"]
 
@@ -153,7 +153,7 @@ def fit_profile(measure: Callable[[int], object], micro_batches: Sequence[int] =
     Args:
         measure: `measure(b)` runs one training update at micro-batch `b` and returns a
             `StepMemory` (from `helpers.memory.measure_step`), a `PhaseMemory` (from
-            `helpers.phases.measure_phases`, which has both phase peaks) or a
+            `helpers.techniques.phases.measure_phases`, which has both phase peaks) or a
             `helpers.step_profile.StepProfile`.
         micro_batches: the sizes to measure (at least two distinct).
         label: a name for the profile.

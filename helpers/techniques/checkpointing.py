@@ -6,11 +6,11 @@
   `blocks_of`: a model's repeated blocks (for models without `block_wrapper`).
 - `checkpoint_with`, `params_without_grad`: the reentrant trap (frozen inputs).
 - `freeze_batchnorm_stats`: the fix for BatchNorm's double update.
-- Re-exported from `helpers.segments`: the sqrt(n) experiment with `checkpoint_sequential`
+- Re-exported from `helpers.techniques.segments`: the sqrt(n) experiment with `checkpoint_sequential`
   (`make_chain`, `chain_layer_costs`, `segment_cost`, `segment_sweep`, `segment_sizes`, `divisors`).
 
-Elsewhere: what autograd keeps per op and Korthikanti's formula in `helpers.saved_tensors`,
-FLOPs and timing in `helpers.costs`, the lesson's sizes, widget and exercises in
+Elsewhere: what autograd keeps per op and Korthikanti's formula in `helpers.techniques.saved_tensors`,
+FLOPs and timing in `helpers.techniques.costs`, the lesson's sizes, widget and exercises in
 `helpers.lessons.lesson02`. The checkpoint calls the lesson teaches are written out in the
 notebook; the wrappers here exist so that sweeps and the widget can switch policy.
 """
@@ -27,10 +27,7 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 
 from helpers.core.validate import bool_arg, callable_arg, choice, instance_arg, int_at_least
 from helpers.models.nets import BlockWrapper
-from helpers.saved_tensors import (
-    attention_core_policy,
-    save_matmul_outputs,
-)
+from helpers.techniques.saved_tensors import attention_core_policy, save_matmul_outputs
 
 __all__ = [
     "POLICIES", "checkpoint_with", "apply_ac", "blocks_of", "freeze_batchnorm_stats", "make_block_wrapper",

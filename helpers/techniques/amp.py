@@ -15,14 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from helpers.accumulation import (
-    LossFn,
-    check_batch,
-    check_micro_batch,
-    compare_grads,
-    flat_grad,
-)
 from helpers.core.validate import choice, number_in_range, positive_number
+from helpers.techniques.accumulation import LossFn, check_batch, check_micro_batch, compare_grads, flat_grad
 
 __all__ = ["AMP_ORDERS", "AmpOutcome", "Underflow", "amp_dtype", "amp_update", "fp16_underflow"]
 

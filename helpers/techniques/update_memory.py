@@ -8,7 +8,7 @@
 - `breakdown_for(model, b)` and `activation_sweep(model, sizes)`: the peak's breakdown at
   several micro-batch sizes (lesson 01's sweep), an OOM shown as None.
 
-`helpers.phases` measures an update phase by phase.
+`helpers.techniques.phases` measures an update phase by phase.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from dataclasses import dataclass
 
 import torch
 
-from helpers.checkpointing import apply_ac
 from helpers.core.data import token_batch
 from helpers.core.device import device_of
 from helpers.core.training import lm_loss, make_optimizer
 from helpers.core.validate import int_at_least, positive_int
-from helpers.memory import StepMemory, measure_step, run_or_oom
+from helpers.measure.memory import StepMemory, measure_step, run_or_oom
+from helpers.measure.tracker import release_point
 from helpers.models.gpt import GPT
 from helpers.models.nets import BlockWrapper
-from helpers.tracker import release_point
+from helpers.techniques.checkpointing import apply_ac
 
 __all__ = ["ConfigMemory", "activation_sweep", "breakdown_for", "measure_config", "measure_update"]
 
@@ -72,7 +72,7 @@ def measure_update(
         micro_batch, steps: B and K.
         optimizer: a name in `OPTIMIZERS`.
         block_wrapper: a wrapper such as a checkpoint call, or a mode of
-            `helpers.checkpointing.apply_ac` such as "full" (None: plain), applied for the duration.
+            `helpers.techniques.checkpointing.apply_ac` such as "full" (None: plain), applied meanwhile.
         seed: seeds the token batches.
         max_micro_steps: (>= 2) run only that many of the `steps` micro-steps. Every micro-step
             from the second on holds the same memory, so the peak of the whole update is the

@@ -5,7 +5,7 @@
 - Losses: `count_valid_tokens`, `micro_batch_loss`, `group_normalised_loss`.
 
 Labels use `IGNORE_INDEX` (-100, PyTorch's and Hugging Face's convention) at padding
-positions. The measured steps and reports built on these are in `helpers.tokens`.
+positions. The measured steps and reports built on these are in `helpers.techniques.tokens`.
 """
 
 from __future__ import annotations

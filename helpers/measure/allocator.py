@@ -1,6 +1,6 @@
 """The CPU allocator's own record of a run, matched to the tracker's storages (core: lessons 01, 06, 09).
 
-A dispatch-level tracker (`helpers.tracker.MemoryTracker`, saved-tensor hooks, torch's
+A dispatch-level tracker (`helpers.measure.tracker.MemoryTracker`, saved-tensor hooks, torch's
 MemTracker) sees every storage an op returns, but not a buffer that a kernel allocates
 inside itself and frees before it returns: the CPU flash-attention backward's own work
 buffers, for example. The CPU allocator sees those too. With `profile_memory=True`,
@@ -48,8 +48,8 @@ import tempfile
 from collections.abc import Iterator
 
 from helpers.core.device import CPU_TRACKER
-from helpers.timeline import CATEGORIES, Timeline, _category, _Record
-from helpers.tracker import MemoryTracker
+from helpers.measure.timeline import CATEGORIES, Timeline, _category, _Record
+from helpers.measure.tracker import MemoryTracker
 
 __all__ = ["AllocatorRecord", "allocator_timeline"]
 

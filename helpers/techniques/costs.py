@@ -2,7 +2,7 @@
 never asserted).
 
 - `count_flops(fn)`, `blocks_forward_flops(model, b)`: FLOPs from `torch.utils.flop_counter`.
-- `count_ops(fn)`: aten ops dispatched (kernel launches), with a `helpers.dispatch.OpObserver`.
+- `count_ops(fn)`: aten ops dispatched (kernel launches), with a `helpers.measure.dispatch.OpObserver`.
 - `interleaved_times(fns)` -> {name: `Timing`}: THE timing helper (warmed up, interleaved);
   `Timing` holds seconds, and `Timing.per_second(n)` the same runs as a rate.
 - `throughput_sweep(model, loss_fn, inputs, targets, sizes)`: examples per second of one
@@ -22,16 +22,16 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers.accumulation import LossFn, accumulated_grad, check_batch, check_micro_batch
-from helpers.checkpointing import apply_ac
 from helpers.core.data import token_batch
 from helpers.core.device import device_of, synchronize
 from helpers.core.training import OPTIMIZERS, clear_grads, lm_loss
 from helpers.core.validate import bool_arg, callable_arg, choice, instance_arg, int_at_least, positive_int
-from helpers.dispatch import OpObserver
-from helpers.memory import StepMemory, run_or_oom
+from helpers.measure.dispatch import OpObserver
+from helpers.measure.memory import StepMemory, run_or_oom
 from helpers.models.gpt import GPT
-from helpers.update_memory import measure_update
+from helpers.techniques.accumulation import LossFn, accumulated_grad, check_batch, check_micro_batch
+from helpers.techniques.checkpointing import apply_ac
+from helpers.techniques.update_memory import measure_update
 
 __all__ = [
     "Timing", "TradeOff", "TradeOffs", "blocks_forward_flops", "count_flops", "count_ops",
@@ -75,7 +75,7 @@ def count_ops(fn: Callable[[], object]) -> int:
         fn: a zero-argument callable, the work to count.
 
     Returns:
-        The number of aten ops dispatched, seen by a `helpers.dispatch.OpObserver`.
+        The number of aten ops dispatched, seen by a `helpers.measure.dispatch.OpObserver`.
     """
     callable_arg("fn", fn, "a zero-argument callable")
     with _OpCounter() as counter:
@@ -189,7 +189,7 @@ def throughput_sweep(
 ) -> dict[int, Timing | None]:
     """Examples per second of one accumulated update over all of `inputs`, per micro-batch size.
 
-    Timed by `helpers.costs.interleaved_times`: every size runs once to warm up; then
+    Timed by `helpers.techniques.costs.interleaved_times`: every size runs once to warm up; then
     `rounds` rounds each time every size once, interleaved, so that a slow spell of a
     shared machine hits all sizes alike. Timings are for showing, never for asserting.
 
@@ -225,7 +225,7 @@ def throughput_sweep(
 class TradeOff:
     """One configuration: micro-batch B, K accumulation steps, with or without checkpointing.
 
-    Memory comes from a measured update (`helpers.update_memory.measure_update`), FLOPs
+    Memory comes from a measured update (`helpers.techniques.update_memory.measure_update`), FLOPs
     from FlopCounterMode on one micro-step times K, time from interleaved
     micro-step timings times K (shown, not asserted).
     """

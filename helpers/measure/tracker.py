@@ -1,8 +1,8 @@
 """The live-storage tracker behind every memory figure (core, all lessons).
 
-`MemoryTracker` is a `TorchDispatchMode` (an `OpObserver`, from `helpers.dispatch`): it sees
+`MemoryTracker` is a `TorchDispatchMode` (an `OpObserver`, from `helpers.measure.dispatch`): it sees
 every aten op, and so every tensor storage an op creates, and records when each storage is freed.
-`build_timeline` (in `helpers.timeline`) turns those lifetimes into live
+`build_timeline` (in `helpers.measure.timeline`) turns those lifetimes into live
 bytes by category after every op. `helpers.memory`
 builds the lessons' measurements (`measure_step`, `saved_activation_bytes`, ...) on it.
 
@@ -35,7 +35,7 @@ with no role is an activation if it was born in forward or recompute, and "other
 rebuilds during backward counts as activations, as it should: it is the same memory.
 
 Times and addresses. Each op's time window (`time.time_ns()` before and after it) and
-each new storage's address are kept, so that `helpers.allocator` can match the CPU
+each new storage's address are kept, so that `helpers.measure.allocator` can match the CPU
 allocator's own record of the same run to these storages: what the allocator holds
 that no storage explains was allocated inside a kernel.
 
@@ -64,9 +64,9 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from helpers.dispatch import OpObserver, _data_ptr, _freeze_gc, _storage_key, _unfreeze_gc, tensors_in
-from helpers.held_outputs import output_tensors, saving_nodes
-from helpers.timeline import CATEGORIES, Timeline, _Record, build_timeline
+from helpers.measure.dispatch import OpObserver, _data_ptr, _freeze_gc, _storage_key, _unfreeze_gc, tensors_in
+from helpers.measure.held_outputs import output_tensors, saving_nodes
+from helpers.measure.timeline import CATEGORIES, Timeline, _Record, build_timeline
 
 __all__ = ["KernelBuffers", "MemoryTracker", "release_point"]
 

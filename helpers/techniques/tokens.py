@@ -10,7 +10,7 @@ whole group first and divides the *summed* token loss of every micro-batch by
 that one count (what Hugging Face Transformers passes as `num_items_in_batch`).
 
 - Data (`variable_length_sequences`, `pad_sequences`, `split_micro_batches`) and losses
-  (`count_valid_tokens`, `micro_batch_loss`, `group_normalised_loss`): in `helpers.token_loss`.
+  (`count_valid_tokens`, `micro_batch_loss`, `group_normalised_loss`): in `helpers.techniques.token_loss`.
 - The model: `tiny_lm` (from `tiny_lm_config`) and its warm-up, `pretrain`.
 - Measured steps: `full_batch_step`, `naive_step`, `fixed_step`.
 - Reports: `token_weighting_report` (one K, spread), `accumulation_report` (one B, K, spread).
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from helpers.accumulation import GradDiff, compare_grads, flat_grad
 from helpers.core.training import clear_grads, cleared_grads, lm_loss
 from helpers.core.validate import number_in_range, positive_int
 from helpers.models.gpt import GPT, GPTConfig
-from helpers.token_loss import (
+from helpers.techniques.accumulation import GradDiff, compare_grads, flat_grad
+from helpers.techniques.token_loss import (
     MicroBatch,
     Sample,
     count_valid_tokens,

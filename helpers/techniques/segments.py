@@ -20,9 +20,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
 from helpers.core.validate import choice, int_in_range, positive_int
-from helpers.memory import measurable_model, saved_activation_bytes
+from helpers.measure.memory import measurable_model, saved_activation_bytes
+from helpers.measure.tracker import MemoryTracker
 from helpers.models.nets import MLPBlock
-from helpers.tracker import MemoryTracker
 
 __all__ = [
     "CHAIN_KINDS", "EXERCISE_CHAIN", "SegmentPoint", "chain_layer_costs", "divisors", "make_chain",

@@ -27,9 +27,9 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers.core.training import IGNORE_INDEX
 from helpers.core.validate import bool_arg, callable_arg, instance_arg, positive_int, tensor_arg
-from helpers.memory import measurable_model
-from helpers.timeline import Timeline
-from helpers.tracker import MemoryTracker
+from helpers.measure.memory import measurable_model
+from helpers.measure.timeline import Timeline
+from helpers.measure.tracker import MemoryTracker
 
 __all__ = [
     "CudaOffload",

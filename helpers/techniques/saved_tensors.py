@@ -9,7 +9,7 @@
   selective-checkpoint policy: recompute the attention core, save the rest.
 - `save_matmul_outputs`: a cruder policy (keep Linear outputs, recompute all else).
 
-Lesson 02 reaches these through `helpers.checkpointing`.
+Lesson 02 reaches these through `helpers.techniques.checkpointing`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import CheckpointPolicy
 
 from helpers.core.validate import callable_arg, instance_arg, int_at_least, tensor_arg
-from helpers.dispatch import OpObserver
-from helpers.memory import saved_activation_bytes
+from helpers.measure.dispatch import OpObserver
+from helpers.measure.memory import saved_activation_bytes
 
 __all__ = [
     "Policy", "SavedTensor", "attention_core_policy", "bytes_by_term", "dropout_mask_bytes", "origin_group",

@@ -1,8 +1,8 @@
 """The dispatch level that every op-watching instrument builds on: one mode base, one tensor walk.
 
 - `OpObserver`: the project's one `TorchDispatchMode` base; it runs each aten op unchanged and
-  shows it to `observe` (`helpers.tracker.MemoryTracker`, `helpers.costs.count_ops` and
-  `helpers.saved_tensors` subclass it).
+  shows it to `observe` (`helpers.measure.tracker.MemoryTracker`, `helpers.techniques.costs.count_ops` and
+  `helpers.techniques.saved_tensors` subclass it).
 - `OpRunner`: what an observer may be given to run its ops instead of calling them (the meta
   profile's fast paths, `helpers.meta_memo.MetaRunner`): this base knows the protocol, not them.
 - `tensors_in(tree)`: every tensor in a nested structure of op arguments or results.

@@ -4,9 +4,9 @@
 which phase sets it, because the optimizer step's temporaries can bind at small micro-batches.
 
 - `measure_phases(update, model=, optimizer=)` -> `PhaseMemory`: both phase peaks, each with
-  its breakdown; it reads like a `StepMemory`, so `helpers.memory_profile.fit_profile` takes either.
+  its breakdown; it reads like a `StepMemory`, so `helpers.measure.memory_profile.fit_profile` takes either.
 - `UpdateMeasurer(model)`: `measurer(b)` measures one accumulation update at micro-batch `b`
-  of token sequences, with or without checkpointing (`helpers.checkpointing.apply_ac`).
+  of token sequences, with or without checkpointing (`helpers.techniques.checkpointing.apply_ac`).
 - `accumulate_update`: the accumulation loop being measured, the explainer's loop as the
   notebook writes it: `predictions` and `loss` stay bound until the next micro-step
   reassigns them, so one micro-step's logits are alive during the next one's forward pass,
@@ -14,9 +14,9 @@ which phase sets it, because the optimizer step's temporaries can bind at small 
 
 Every `PhaseMemory` from `UpdateMeasurer` also says what the loop with `del predictions`
 after the loss (a loop that keeps no output) would peak at: `PhaseMemory.released`,
-taken from the same run (`helpers.tracker.MemoryTracker.could_release`).
+taken from the same run (`helpers.measure.tracker.MemoryTracker.could_release`).
 
-Re-exported from `helpers.update_memory` (one update measured whole): `measure_update`,
+Re-exported from `helpers.techniques.update_memory` (one update measured whole): `measure_update`,
 `measure_config`, `ConfigMemory`, `breakdown_for`, `activation_sweep`.
 """
 
@@ -30,15 +30,15 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from helpers.checkpointing import apply_ac
 from helpers.core.data import token_batch
 from helpers.core.device import device_of
 from helpers.core.training import lm_loss, make_optimizer
 from helpers.core.validate import callable_arg, positive_int
-from helpers.memory import floor_of, measurable_model, tracked_run
+from helpers.measure.memory import floor_of, measurable_model, tracked_run
+from helpers.measure.timeline import Timeline
+from helpers.measure.tracker import MemoryTracker, release_point
 from helpers.models.gpt import GPT
-from helpers.timeline import Timeline
-from helpers.tracker import MemoryTracker, release_point
+from helpers.techniques.checkpointing import apply_ac
 
 __all__ = ["PhaseMemory", "UpdateMeasurer", "accumulate_update", "measure_phases", "phase_peaks"]
 
@@ -106,7 +106,7 @@ class PhaseMemory(PhasePeaks):
       peaks at before its optimizer step: no gradients and no earlier outputs exist yet.
     - `released`: the same update as a loop with `del predictions` after the loss would
       hold it (the outputs die at their release point), or None if the update marked no
-      release point (`helpers.tracker.release_point`).
+      release point (`helpers.measure.tracker.release_point`).
     """
 
     peak_bytes: int
@@ -163,7 +163,7 @@ def measure_phases(
             optimizer phase, everything before it the forward phase (forward and backward).
 
     Returns:
-        A `PhaseMemory`. The categories come from `helpers.tracker.MemoryTracker`. The
+        A `PhaseMemory`. The categories come from `helpers.measure.tracker.MemoryTracker`. The
         totals come from the allocator: on CPU its own record of this run (`method`
         "cpu-tracker": the tracker's categories over the CPU allocator's total, what no
         tracked tensor explains in `other`); on CUDA the caching allocator's

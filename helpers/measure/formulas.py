@@ -268,7 +268,7 @@ def predicted_step_peak_bytes(cfg: GPTConfig, n_seqs: int) -> int:
 
     16 bytes per parameter (weights, gradients, two Adam moments) plus, per
     sequence, lesson 01's validated activation formula
-    (`helpers.formulas.activation_bytes_per_example`) and the logits' gradient and
+    (`helpers.measure.formulas.activation_bytes_per_example`) and the logits' gradient and
     log-softmax gradient (2 sV floats). Padded batches are at most this long, so
     this bounds lesson 05's steps; tests/test_tokens.py checks it against the CPU
     tracker (`cpu-tracker`). Nothing is allocated.

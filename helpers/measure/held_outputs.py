@@ -1,6 +1,6 @@
 """Which autograd nodes hold a tensor: what a `del predictions` can and cannot free (core).
 
-`helpers.tracker.MemoryTracker.could_release` asks this when a loop says where it would drop
+`helpers.measure.tracker.MemoryTracker.could_release` asks this when a loop says where it would drop
 its outputs: a tensor that the loss's own graph saved for backward (an MSE loss saves its
 input) stays alive until that node has run, whatever the loop deletes.
 """

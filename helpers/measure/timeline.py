@@ -1,6 +1,6 @@
 """Live bytes by category after every op, from storage lifetimes (core, all lessons).
 
-`helpers.tracker.MemoryTracker` keeps one `_Record` per storage (its size, the op it was born
+`helpers.measure.tracker.MemoryTracker` keeps one `_Record` per storage (its size, the op it was born
 at, the op it died at, its role or phase); `build_timeline` turns those records into a
 `Timeline`: live bytes per category (`CATEGORIES`) after each op, a pure function.
 """
