@@ -246,7 +246,7 @@ def _run_cells(path: Path, cells: list[str]) -> dict:
     """In the child: a kernel's surroundings, then each cell, stopping at the first that fails."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    from helpers.processes import _fresh_warning_filters
+    from helpers.distributed.processes import _fresh_warning_filters
 
     _fresh_warning_filters()
     sys.argv = ["ipykernel_launcher"]

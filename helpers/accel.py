@@ -209,7 +209,7 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, n_group: int, k: int)
 
 # -- several workers ---------------------------------------------------------------------------
 def worker_update(k: int, micro_batch: int, width: int, updates: int = 2) -> dict[str, object]:
-    """In a `helpers.launcher` worker: `updates` accumulated updates with Accelerate over DDP.
+    """In a `helpers.distributed.launcher` worker: `updates` accumulated updates with Accelerate over DDP.
 
     Every rank builds the same `helpers.distributed.replica_model(width)` and takes its own
     K micro-batches of `micro_batch` examples per update (rank r: a contiguous block).
@@ -219,7 +219,7 @@ def worker_update(k: int, micro_batch: int, width: int, updates: int = 2) -> dic
     """
     import torch.distributed as dist
 
-    from helpers.distributed import count_allreduces, lesson_data, mse_loss, replica_model
+    from helpers.distributed.ddp import count_allreduces, lesson_data, mse_loss, replica_model
 
     rank, world = dist.get_rank(), dist.get_world_size()
     # Accelerate finds its processes from these variables; the process group already exists.
@@ -266,11 +266,11 @@ def start_workers(world_size: int = 2) -> Future:
         world_size: workers to start.
 
     Returns:
-        A Future whose `result()` is a `helpers.launcher.WorkerPool` for
+        A Future whose `result()` is a `helpers.distributed.launcher.WorkerPool` for
         `two_worker_update(..., pool=...)`; close it after.
     """
-    from helpers.launcher import WorkerPool
-    from helpers.processes import POOL_START_ENV
+    from helpers.distributed.launcher import WorkerPool
+    from helpers.distributed.processes import POOL_START_ENV
 
     positive_int("world_size", world_size)
 
@@ -303,7 +303,7 @@ def two_worker_update(k: int, micro_batch: int, width: int, updates: int = 2, wo
     Returns:
         Each rank's `worker_update` result, in rank order.
     """
-    from helpers.launcher import launch
+    from helpers.distributed.launcher import launch
 
     positive_int("world_size", world_size)
     if pool is not None:

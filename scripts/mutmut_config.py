@@ -37,8 +37,8 @@ TESTS = {
     "helpers/planner.py": "tests/test_planner.py",
     "helpers/measure/memory_profile.py": "tests/test_planner.py tests/test_profiler_independent.py",
     "helpers/estimates.py": "tests/test_planner.py",
-    "helpers/distributed.py": "tests/test_distributed.py",
-    "helpers/fsdp.py": "tests/test_fsdp.py",
+    "helpers/distributed/ddp.py": "tests/test_distributed.py",
+    "helpers/distributed/fsdp.py": "tests/test_fsdp.py",
     "helpers/measure/formulas.py": ("tests/test_formulas.py tests/test_phases.py tests/test_pitfalls.py "
                             "tests/test_planner.py tests/test_saved_tensors.py "
                             "tests/lessons/test_lesson01.py tests/lessons/test_lesson03.py "

@@ -25,7 +25,7 @@ def _forked_pools() -> Iterator[None]:
     """Worker pools in these tests fork the imported torch (seconds saved per pool) unless
     LESSONS_POOL_START says otherwise. Only while a test module runs: notebooks that `make check`
     and `make test` run in the same session keep what the environment says (spawned pools)."""
-    from helpers.processes import POOL_START_ENV
+    from helpers.distributed.processes import POOL_START_ENV
 
     unset = POOL_START_ENV not in os.environ
     if unset:
@@ -86,7 +86,7 @@ def optimizer_state_bytes() -> Callable[[torch.nn.Module, str], int]:
 
 
 class FakePool:
-    """Stands in for a `helpers.launcher.WorkerPool`: records the call and returns canned per-rank results."""
+    """Stands in for `helpers.distributed.launcher.WorkerPool`: records the call, returns canned results."""
 
     def __init__(self, world_size: int, results: list) -> None:
         self.world_size, self.results, self.calls = world_size, results, []
@@ -105,7 +105,7 @@ def fake_pool() -> type[FakePool]:
 @pytest.fixture(scope="module")
 def pool() -> Iterator[object]:
     """Two real worker processes (gloo on CPU), shared by a test module's distributed tests."""
-    from helpers.launcher import WorkerPool
+    from helpers.distributed.launcher import WorkerPool
 
     with WorkerPool(2, timeout_s=180) as p:
         yield p
@@ -114,7 +114,7 @@ def pool() -> Iterator[object]:
 @pytest.fixture(scope="module")
 def pool4() -> Iterator[object]:
     """Four real worker processes, for the FSDP tests that shard over W = 4."""
-    from helpers.launcher import WorkerPool
+    from helpers.distributed.launcher import WorkerPool
 
     with WorkerPool(4, timeout_s=180) as p:
         yield p

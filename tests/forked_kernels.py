@@ -97,7 +97,9 @@ def _kernel(conn: socket.socket, fds: list[int], request: dict) -> None:
     """In the forked child: the client's surroundings, then a real ipykernel until it exits."""
     import threading
 
-    from helpers.processes import _fresh_warning_filters  # as make check's forked notebooks get them
+    from helpers.distributed.processes import (
+        _fresh_warning_filters,  # as make check's forked notebooks get them
+    )
 
     code = 1
     try:

@@ -128,8 +128,8 @@ def test_a_live_trainer_that_stopped_on_its_last_batch_leaks_gradient_state(acce
 @pytest.mark.distributed
 def test_two_gloo_workers_all_reduce_once_per_update(accel, monkeypatch: pytest.MonkeyPatch) -> None:
     """About 10-20 s on 2 busy cores: each spawned worker imports torch, DDP and Accelerate."""
-    from helpers.distributed import lesson_data, mse_loss, replica_model
-    from helpers.processes import POOL_START_ENV
+    from helpers.distributed.ddp import lesson_data, mse_loss, replica_model
+    from helpers.distributed.processes import POOL_START_ENV
 
     # Spawned even under `make unit`'s LESSONS_POOL_START=fork: a forked worker would inherit the
     # Accelerate state this process's other tests made, and Accelerate would not wrap the model in DDP.
@@ -160,7 +160,7 @@ def test_forked_workers_start_in_the_callers_thread(accel, monkeypatch: pytest.M
     so under `make check`): with LESSONS_POOL_START=fork the pool starts before start_workers returns."""
     import threading
 
-    from helpers import launcher, processes
+    from helpers.distributed import launcher, processes
 
     started: list[threading.Thread] = []
 

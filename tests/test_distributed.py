@@ -13,8 +13,8 @@ import pathlib
 import pytest
 import torch
 
-from helpers import distributed as D
-from helpers.launcher import WorkerPool
+from helpers.distributed import ddp as D
+from helpers.distributed.launcher import WorkerPool
 from helpers.techniques.accumulation import compare_grads, full_batch_grad
 
 

@@ -1,11 +1,11 @@
-"""Tests of helpers.fsdp: local bytes, the FSDP2 tracker's parts, a rank's measured peak, counted by hand."""
+"""helpers.distributed.fsdp: local bytes, the FSDP2 tracker's parts, a rank's measured peak, by hand."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from helpers.fsdp import (
+from helpers.distributed.fsdp import (
     FSDP_PARTS,
     FSDP_TRACKER,
     counted_model,
@@ -14,7 +14,7 @@ from helpers.fsdp import (
     fsdp_step_memory,
     local_bytes,
 )
-from helpers.launcher import WorkerPool
+from helpers.distributed.launcher import WorkerPool
 
 
 def test_local_bytes_counts_the_local_shard_once_per_tensor() -> None:
@@ -40,15 +40,15 @@ def test_local_bytes_counts_the_local_shard_once_per_tensor() -> None:
 
 
 def test_fsdp_runs_here_by_backend_and_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from helpers import distributed, fsdp
+    from helpers.distributed import ddp, fsdp
 
-    monkeypatch.setattr(distributed.torch, "__version__", "2.5.1+cu124")
+    monkeypatch.setattr(ddp.torch, "__version__", "2.5.1+cu124")
     assert fsdp.fsdp_runs_here("nccl") == (True, "")  # NCCL runs it whatever the version
     ok, why = fsdp.fsdp_runs_here("gloo")
     assert not ok and "2.6" in why and "2.5.1" in why
-    monkeypatch.setattr(distributed.torch, "__version__", "2.6.0+cpu")
+    monkeypatch.setattr(ddp.torch, "__version__", "2.6.0+cpu")
     assert fsdp.fsdp_runs_here("gloo") == (True, "")  # 2.6 is the first that does
-    monkeypatch.setattr(distributed.torch, "__version__", "2.13.0+cpu")
+    monkeypatch.setattr(ddp.torch, "__version__", "2.13.0+cpu")
     assert fsdp.fsdp_runs_here("gloo") == (True, "")
     with pytest.raises(ValueError, match="backend"):
         fsdp.fsdp_runs_here("mpi")

@@ -1,4 +1,4 @@
-"""Tests for helpers.launcher (core): the worker pool and the torchrun launcher, with real processes.
+"""helpers.distributed.launcher (core): the worker pool and the torchrun launcher, with real processes.
 
 Tests marked `distributed` start real worker processes (gloo on CPU). Each has a
 deadline (SIGALRM), so a hung collective fails the test instead of hanging CI.
@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import launcher as L
-from helpers import processes, torchrun
+from helpers.distributed import launcher as L
+from helpers.distributed import processes, torchrun
 
 
 def _alive(pid: int) -> bool:
@@ -120,7 +120,7 @@ def test_crashed_worker_is_reported() -> None:
 _SCRIPT = """
 import os, sys, time
 import torch.distributed as dist
-from helpers.torchrun import run_main, save_result
+from helpers.distributed.torchrun import run_main, save_result
 
 def main():
     dist.init_process_group("gloo")

@@ -286,8 +286,8 @@ def test_the_map_parsers_read_what_they_should() -> None:
     assert _imported(ast.parse(_parseable(cell))) == {
         "helpers.lessons", "helpers.lessons.lesson03", "helpers.core", "helpers.core.plots",
         "helpers.core.units", "helpers.core.data"}
-    script = "%%writefile {WORKDIR}/w.py\nfrom helpers.torchrun import run_main\n"
-    assert _imported(ast.parse(_parseable(script))) == {"helpers.torchrun"}
+    script = "%%writefile {WORKDIR}/w.py\nfrom helpers.distributed.torchrun import run_main\n"
+    assert _imported(ast.parse(_parseable(script))) == {"helpers.distributed.torchrun"}
     assert {"helpers/", "helpers/core/", "helpers/lessons/"} <= set(_layout_groups())
     assert _readme_map(), "no row of the README's lesson map was read"
 

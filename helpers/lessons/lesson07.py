@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from helpers.core.validate import choice, positive_int
-from helpers.distributed import (
+from helpers.distributed.ddp import (
     D_IN,
     D_OUT,
     DEPTH,
@@ -19,9 +19,9 @@ from helpers.distributed import (
     mse_loss,
     replica_model,
 )
-from helpers.fsdp import FSDPStepMemory
-from helpers.launcher import WorkerPool, shared_pool
-from helpers.processes import max_workers
+from helpers.distributed.fsdp import FSDPStepMemory
+from helpers.distributed.launcher import WorkerPool, shared_pool
+from helpers.distributed.processes import max_workers
 
 __all__ = [
     "DataParallelReport", "LessonSizes", "check_exercise_1", "check_exercise_2", "check_exercise_3",

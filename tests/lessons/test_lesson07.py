@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from helpers import distributed as D
-from helpers.fsdp import FSDP_TRACKER, FSDPStepMemory
-from helpers.launcher import WorkerPool
+from helpers.distributed import ddp as D
+from helpers.distributed.fsdp import FSDP_TRACKER, FSDPStepMemory
+from helpers.distributed.launcher import WorkerPool
 from helpers.lessons import lesson07
 from helpers.techniques.accumulation import full_batch_grad
 

@@ -10,11 +10,11 @@ GPUs when there are at least as many GPUs as workers. Nothing is simulated.
   `pool.run(fn, *args)` runs the module-level `fn` on every rank and returns the
   W results in rank order. `launch(fn, world_size, *args)` is the one-shot form;
   `shared_pool(w)` starts one pool per size and reuses it (closed at exit).
-- `run_torchrun(script, world_size, *args)` (from `helpers.torchrun`): runs a worker *script* with
+- `run_torchrun(script, world_size, *args)` (from `helpers.distributed.torchrun`): runs a worker *script* with
   `python -m torch.distributed.run --nproc_per_node=W` on a free loopback port,
   the way people launch it on a cluster. Inside the script, `save_result(obj)`
   hands a result back and `run_main(main)` reports an exception with its rank.
-- `pick_backend(w)`, `max_workers()` (from `helpers.processes`), `group_for(w)`, `free_port()`.
+- `pick_backend(w)`, `max_workers()` (from `helpers.distributed.processes`), `group_for(w)`, `free_port()`.
 
 Both launchers guarantee: when a worker raises, the parent raises `WorkerError`
 promptly with that worker's rank and message (the first failure, not the echoes it
@@ -43,7 +43,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from helpers.core.validate import callable_arg, choice, positive_int, positive_number
-from helpers.processes import (
+from helpers.distributed.processes import (
     POOL_START_ENV,
     WorkerError,
     _redirect_output,

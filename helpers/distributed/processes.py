@@ -1,6 +1,6 @@
 """The rules every worker process keeps, whichever launcher started it (core).
 
-`helpers.launcher.WorkerPool` and `helpers.torchrun.run_torchrun` both build on these:
+`helpers.distributed.launcher.WorkerPool` and `helpers.distributed.torchrun.run_torchrun` both build on these:
 
 - `WorkerError(rank, message)`: what the parent raises when a worker fails.
 - `_watch_parent(pid)`: a worker exits on its own as soon as its parent is gone (no orphans).

@@ -13,7 +13,7 @@ gives (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) instead of s
 `python -m torch.distributed.run`: the script, its rendezvous and its results are the same, without
 importing torch W + 1 times. The real torchrun runs under `make test` and for learners.
 
-The rules the workers keep (no orphans, logs shown on failure) are in `helpers.processes`.
+The rules the workers keep (no orphans, logs shown on failure) are in `helpers.distributed.processes`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from helpers.core.validate import positive_int, positive_number
-from helpers.processes import (
+from helpers.distributed.processes import (
     POOL_START_ENV,
     WorkerError,
     _fresh_warning_filters,
@@ -63,7 +63,7 @@ def _results_dir() -> Path:
     path = os.environ.get(RESULTS_ENV)
     if not path:
         raise RuntimeError(f"{RESULTS_ENV} is not set: start this script with "
-                           "helpers.torchrun.run_torchrun")
+                           "helpers.distributed.torchrun.run_torchrun")
     return Path(path)
 
 

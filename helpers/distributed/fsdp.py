@@ -18,9 +18,9 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.core.validate import callable_arg, choice, positive_int
-from helpers.distributed import D_IN, D_OUT, lesson_data, mse_loss
-from helpers.launcher import WorkerPool, group_for, shared_pool
-from helpers.processes import max_workers
+from helpers.distributed.ddp import D_IN, D_OUT, lesson_data, mse_loss
+from helpers.distributed.launcher import WorkerPool, group_for, shared_pool
+from helpers.distributed.processes import max_workers
 
 __all__ = [
     "FSDP_PARTS", "FSDP_TRACKER", "FSDPRankMemory", "FSDPStepMemory", "LinearStack", "counted_model",

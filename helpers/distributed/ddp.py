@@ -1,7 +1,7 @@
 """Data parallelism with real processes: DDP gradients, batch bookkeeping, sharded bytes (lesson 07).
 
 Everything runs on PyTorch's own distributed engine, through the worker processes
-of `helpers.launcher` (a persistent `WorkerPool` for the widget, `run_torchrun` for
+of `helpers.distributed.launcher` (a persistent `WorkerPool` for the widget, `run_torchrun` for
 the lesson's scripts). Nothing is simulated.
 
 - Model and data, deterministic so every process builds the same thing:
@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.core.validate import callable_arg, positive_int, tensor_arg
-from helpers.launcher import WorkerPool, group_for, shared_pool
-from helpers.processes import max_workers
+from helpers.distributed.launcher import WorkerPool, group_for, shared_pool
+from helpers.distributed.processes import max_workers
 from helpers.techniques.accumulation import flat_grad
 
 __all__ = [
