@@ -14,7 +14,7 @@ GPT-2 small planned the checkpointed 12-block model 9.7% below its full profile;
   B = 1 gives that size.
 - **Depth.** Each micro-step is cut where the op that binds can change with the number of blocks:
   its forward pass; its backward up to the point where every block's backward has run (the
-  gradient of the blocks' input, `helpers.step_profile.BLOCKS_DONE`), where every op holds all the
+  gradient of the blocks' input, `helpers.meta.step_profile.BLOCKS_DONE`), where every op holds all the
   remaining blocks' activations and gradients in the same proportion at any depth; and the rest of
   its backward (the embedding's), which holds no activations of blocks. The optimizer step is one
   more part. Every block is identical, so each part's peak at a given B is a straight line in the
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from helpers.core.validate import positive_int
 from helpers.measure.memory_profile import MemoryProfile
 from helpers.measure.timeline import Timeline
-from helpers.step_profile import BLOCKS_DONE, StepProfile
+from helpers.meta.step_profile import BLOCKS_DONE, StepProfile
 
 __all__ = ["GROUPS", "EnvelopeProfile", "PeakEnvelope", "envelopes"]
 

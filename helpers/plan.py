@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from helpers.core.data import BatchSpec
 from helpers.core.training import OPTIMIZERS
 from helpers.hf_configs import BUILDERS, NO_TRANSFORMERS, transformers_missing
-from helpers.meta_profile import CHECKPOINTS, OPTIMIZER_IMPLS, PRECISIONS, TARGETS, Profiler
+from helpers.meta.profiler import CHECKPOINTS, OPTIMIZER_IMPLS, PRECISIONS, TARGETS, Profiler
+from helpers.meta.target_kernels import GPUS
 from helpers.plan_report import PlanReport, plan_model
 from helpers.presets import (
     DEFAULT_CUDA_MARGIN,
@@ -28,7 +29,6 @@ from helpers.presets import (
     parse_budget,
     preset_spec,
 )
-from helpers.target_kernels import GPUS
 
 __all__ = ["main"]
 

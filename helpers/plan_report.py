@@ -19,10 +19,10 @@ from helpers.core.units import format_bytes
 from helpers.core.validate import ArgTypeError, choice, number_in_range, positive_number
 from helpers.estimates import CAVEATS, remedy_floors
 from helpers.measure.memory_profile import MemoryProfile
-from helpers.meta_profile import CHECKPOINTS, PURE_BF16_WARNING, Profiler
+from helpers.meta.profiler import CHECKPOINTS, PURE_BF16_WARNING, Profiler
+from helpers.meta.step_profile import StepProfile
 from helpers.planner import Plan, recommend
 from helpers.presets import DEFAULT_CUDA_MARGIN, GB
-from helpers.step_profile import StepProfile
 
 __all__ = ["PlanReport", "cpu_threads_note", "margin_line", "plan_model", "reported_card_bytes"]
 
@@ -400,7 +400,7 @@ def plan_model(
             "CUDA target: a fused-attention backward's own buffers are assumed, not measured: "
             "FlashAttention-2 keeps an fp32 dq accumulator and fp32 row sums; the memory-efficient kernel "
             "fp32 row sums, and fp32 dq, dk, dv accumulators for 16-bit inputs "
-            "(helpers.kernel_buffers.attention_backward_buffer_bytes)"
+            "(helpers.meta.kernel_buffers.attention_backward_buffer_bytes)"
         )
     if profiler.target == "cpu":
         notes.append(cpu_threads_note())

@@ -17,7 +17,7 @@ import functools
 from helpers.core.data import BatchSpec
 from helpers.core.validate import positive_int
 from helpers.measure.memory_profile import MemoryProfile
-from helpers.meta_profile import Profiler
+from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import ArchConfig
 from helpers.models.architectures import CausalLM
 from helpers.peak_envelope import EnvelopeProfile, PeakEnvelope, envelopes

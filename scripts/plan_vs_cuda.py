@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from helpers.core.data import BatchSpec
-from helpers.meta_profile import Profiler
+from helpers.meta.profiler import Profiler
 from helpers.presets import DEFAULT_CUDA_MARGIN, preset_spec
 
 CASES = {"gpt2-small": 512, "qwen2.5-0.5b": 1024}

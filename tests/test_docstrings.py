@@ -35,7 +35,7 @@ NOT_YET = {
     "helpers.lessons.lesson09.per_example_bytes",
     "helpers.lessons.lesson09.show_plan",
     "helpers.core.data.BatchSpec",
-    "helpers.meta_profile.Profiler",
+    "helpers.meta.profiler.Profiler",
     "helpers.plan.main",
     "helpers.planner.recommend",
 }

@@ -26,7 +26,7 @@ from helpers.core.training import lm_loss
 from helpers.hf_configs import HFModel, from_hf_config, transformers_missing
 from helpers.measure.memory import measure_step
 from helpers.measure.memory_profile import fit_profile
-from helpers.meta_profile import Profiler
+from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import ArchConfig
 from helpers.models.gpt import GPT, GPTConfig
 from helpers.plan_report import PlanReport, plan_model

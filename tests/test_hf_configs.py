@@ -18,7 +18,7 @@ from support.transformers_oracles import hf_dict
 
 from helpers import hf_configs
 from helpers.hf_configs import arch_from_hf, from_hf_config, transformers_missing
-from helpers.meta_profile import Profiler
+from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import PUBLISHED_PARAMETERS, RELEASED, ArchConfig
 
 CI = os.environ.get("CI", "").lower() == "true"

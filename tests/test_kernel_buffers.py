@@ -1,4 +1,4 @@
-"""helpers.kernel_buffers: what kernels allocate inside themselves, for a profile on the meta device."""
+"""helpers.meta.kernel_buffers: what kernels allocate inside themselves, for a profile on the meta device."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.kernel_buffers import attention_backward_buffer_bytes, kernel_buffers, rng_states_counted
 from helpers.measure.memory import tracked_run
 from helpers.measure.tracker import MemoryTracker
+from helpers.meta.kernel_buffers import attention_backward_buffer_bytes, kernel_buffers, rng_states_counted
 
 SHAPES = [(1, 2, 64, 16), (2, 4, 130, 32), (1, 3, 300, 24), (1, 2, 800, 40), (2, 1, 1100, 64)]
 

@@ -1,4 +1,4 @@
-"""helpers.meta_memo: repeated meta calls answered from their metadata give the same profile."""
+"""helpers.meta.memo: repeated meta calls answered from their metadata give the same profile."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from test_meta_profile import MODELS
 
-from helpers.meta_memo import MetaMemo
-from helpers.meta_profile import Profiler
+from helpers.meta.memo import MetaMemo
+from helpers.meta.profiler import Profiler
 
 aten = torch.ops.aten
 

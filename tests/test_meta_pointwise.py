@@ -1,4 +1,4 @@
-"""Tests of helpers.meta_pointwise: its results are the meta kernels', and profiles do not change."""
+"""Tests of helpers.meta.pointwise: its results are the meta kernels', and profiles do not change."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import random
 import pytest
 import torch
 
-import helpers.meta_memo
+import helpers.meta.memo
 from helpers.core.data import BatchSpec
-from helpers.meta_pointwise import _BINARY, _UNARY, fast_pointwise
-from helpers.meta_profile import Profiler
+from helpers.meta.pointwise import _BINARY, _UNARY, fast_pointwise
+from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import ArchConfig
 from helpers.models.architectures import CausalLM
 
@@ -143,5 +143,5 @@ def test_profiles_are_the_same_without_the_fast_path(
 
     profiles()  # the first profile of a process also records the CPU target's kernel probe (3 ops)
     fast = profiles()
-    monkeypatch.setattr(helpers.meta_memo, "fast_pointwise", lambda func, args, kwargs: None)
+    monkeypatch.setattr(helpers.meta.memo, "fast_pointwise", lambda func, args, kwargs: None)
     assert profiles() == fast

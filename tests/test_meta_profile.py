@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from helpers.core.data import BatchSpec
-from helpers.meta_profile import Profiler
+from helpers.meta.profiler import Profiler
+from helpers.meta.target_kernels import cuda_kernel
 from helpers.models.gpt import GPT, GPTConfig
-from helpers.target_kernels import cuda_kernel
 from helpers.techniques.checkpointing import apply_ac, blocks_of
 
 # -- models the planner has never seen ---------------------------------------------------------

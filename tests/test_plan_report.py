@@ -11,7 +11,7 @@ import pytest
 from helpers import estimates, plan
 from helpers.core.data import BatchSpec
 from helpers.measure.memory_profile import MemoryProfile
-from helpers.meta_profile import Profiler
+from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import ArchConfig, param_count
 from helpers.models.architectures import CausalLM
 from helpers.peak_envelope import PeakEnvelope

@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers.core.data import BatchSpec
 from helpers.measure.memory import measure_step
-from helpers.meta_profile import Profiler
+from helpers.meta.profiler import Profiler
 from helpers.plan_report import plan_model
 
 

@@ -10,10 +10,10 @@ import torch
 
 from helpers import plan
 from helpers.core.data import BatchSpec
-from helpers.meta_profile import Profiler
+from helpers.meta.profiler import Profiler
+from helpers.meta.target_kernels import GPUS, cuda_kernel
 from helpers.models.architecture_config import RELEASED
 from helpers.models.architectures import CausalLM
-from helpers.target_kernels import GPUS, cuda_kernel
 
 FLASH, EFFICIENT, MATH = 1, 2, 0
 

@@ -12,7 +12,7 @@ from torch import nn
 from helpers import estimates
 from helpers.core.data import BatchSpec
 from helpers.hf_configs import from_hf_config
-from helpers.meta_profile import PURE_BF16_WARNING, Profiler
+from helpers.meta.profiler import PURE_BF16_WARNING, Profiler
 from helpers.models.architecture_config import RELEASED
 from helpers.models.architectures import CausalLM
 from helpers.models.trainable import LoRALinear, apply_trainable, parse_trainable, trainable_count

@@ -17,7 +17,7 @@ from helpers.core.data import BatchSpec
 from helpers.core.device import SCALES, by_scale
 from helpers.core.validate import answer_number, choice, number_in_range, positive_int, positive_number
 from helpers.measure.memory_profile import MemoryProfile
-from helpers.meta_profile import Profiler
+from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import param_count
 from helpers.models.gpt import GPT, GPTConfig
 from helpers.plan_report import margin_line, reported_card_bytes

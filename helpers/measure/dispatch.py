@@ -4,7 +4,7 @@
   shows it to `observe` (`helpers.measure.tracker.MemoryTracker`, `helpers.techniques.costs.count_ops` and
   `helpers.techniques.saved_tensors` subclass it).
 - `OpRunner`: what an observer may be given to run its ops instead of calling them (the meta
-  profile's fast paths, `helpers.meta_memo.MetaRunner`): this base knows the protocol, not them.
+  profile's fast paths, `helpers.meta.memo.MetaRunner`): this base knows the protocol, not them.
 - `tensors_in(tree)`: every tensor in a nested structure of op arguments or results.
 - `_storage_key(t)`, `_data_ptr(st)`: the key and the address of a tensor's storage.
 - `_freeze_gc()` / `_unfreeze_gc()`: one `gc.freeze()` shared by nested observed regions, so
@@ -85,7 +85,7 @@ class OpObserver(TorchDispatchMode):
     Use a subclass as a context manager; every aten op run inside it (forward, backward,
     optimizer step) is run unchanged and then passed to `observe(func, args, kwargs, out)`.
     With `self.runner` set (an `OpRunner`), the runner runs each op instead: the meta profile
-    sets `helpers.meta_memo.MetaRunner`, whose fast paths answer pointwise and repeated meta
+    sets `helpers.meta.memo.MetaRunner`, whose fast paths answer pointwise and repeated meta
     calls in microseconds instead of the op's meta kernel (about 200).
     `self.window` holds the op's (start, end) in `time.time_ns()`.
     """

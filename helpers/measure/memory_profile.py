@@ -154,7 +154,7 @@ def fit_profile(measure: Callable[[int], object], micro_batches: Sequence[int] =
         measure: `measure(b)` runs one training update at micro-batch `b` and returns a
             `StepMemory` (from `helpers.memory.measure_step`), a `PhaseMemory` (from
             `helpers.techniques.phases.measure_phases`, which has both phase peaks) or a
-            `helpers.step_profile.StepProfile`.
+            `helpers.meta.step_profile.StepProfile`.
         micro_batches: the sizes to measure (at least two distinct).
         label: a name for the profile.
 

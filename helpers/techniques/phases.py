@@ -78,7 +78,7 @@ def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abs
 
 class PhasePeaks:
     """What every record of both phase peaks derives the same way (`PhaseMemory` here,
-    `helpers.step_profile.StepProfile`): the floor at the peak and the phase that binds.
+    `helpers.meta.step_profile.StepProfile`): the floor at the peak and the phase that binds.
     The record supplies `breakdown`, `forward_peak_bytes` and `optimizer_peak_bytes`.
     """
 

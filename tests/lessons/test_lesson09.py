@@ -8,7 +8,7 @@ import pytest
 
 from helpers.core.data import BatchSpec
 from helpers.lessons import lesson09
-from helpers.meta_profile import Profiler
+from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import param_count
 from helpers.models.gpt import GPT
 from helpers.planner import recommend

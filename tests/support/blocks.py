@@ -7,7 +7,7 @@ import functools
 
 from helpers.core.data import BatchSpec
 from helpers.core.validate import positive_int
-from helpers.meta_profile import Profiler
+from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import ArchConfig
 from helpers.models.architectures import CausalLM
 from helpers.models.gpt import GPT, GPTConfig

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from helpers.measure.dispatch import op_facts
-from helpers.meta_pointwise import fast_pointwise
+from helpers.meta.pointwise import fast_pointwise
 
 __all__ = ["SHARED", "MetaMemo", "MetaRunner"]
 
@@ -146,7 +146,7 @@ class MetaRunner:
     """How a meta profile runs its ops (a `helpers.measure.dispatch.OpRunner`): the fast paths first.
 
     A plain pointwise op on meta gets its (empty) result from
-    `helpers.meta_pointwise.fast_pointwise`, the same tensor as the op's own meta kernel in a few
+    `helpers.meta.pointwise.fast_pointwise`, the same tensor as the op's own meta kernel in a few
     microseconds instead of about 200; any other call goes to `memo` (a call seen before gets its
     result from its metadata), or with `memo=None` to the op itself.
 
