@@ -39,7 +39,7 @@ TINY    := LESSONS_SCALE=tiny $(FORK)
 LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 # test-matrix: the oldest torch the package declares (pyproject.toml) and the newest on PyPI.
 # The floor installs the extras as declared: Transformers (>= 5.23) refuses torch < 2.6, so the tests and
-# lesson 10 must skip what needs it and say why (helpers.frameworks.unusable).
+# lesson 10 must skip what needs it and say why (helpers.frameworks.installed.unusable).
 TORCH_FLOOR ?= 2.5.1
 MATRIX  ?= .matrix
 # gpu-kit: the CPython version of the GPU machine the wheels are for (3.11 for a dry run here).

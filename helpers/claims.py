@@ -114,5 +114,5 @@ CLAIMS: tuple[Claim, ...] = (
            needs="lightning"),
     Claim("C32", "torch.compile's activation memory budget trades saved bytes for recompute.", "10 §5",
            "saved bytes and recompute FLOPs of compiled MLP blocks at budget 1.0 and 0.0",
-           fw._c_compile_budget, needs="helpers.compiled"),
+           fw._c_compile_budget, needs="helpers.frameworks.compiled"),
 )

@@ -94,17 +94,17 @@ def check_optional(dist: str, why: str) -> Check:
 def check_frameworks() -> list[Check]:
     """Transformers, Accelerate and Lightning: optional, but an installed one must run with this torch.
 
-    Each installed framework is imported as lesson 10 imports it (`helpers.frameworks.unusable`), so
+    Each installed framework is imported as lesson 10 imports it (`helpers.frameworks.installed.unusable`), so
     a release that refuses this torch (Transformers 5.20 and later below torch 2.6) is a warning
     that says so, not a crash in the lesson.
     """
-    from helpers import frameworks
+    from helpers.frameworks import installed
 
     checks = []
-    for name, version in frameworks.versions().items():
+    for name, version in installed.versions().items():
         if version is None:
             checks.append(Check("warn", name, f"not installed (optional: {FRAMEWORKS_WHY})"))
-        elif (why := frameworks.unusable(name)) is not None:
+        elif (why := installed.unusable(name)) is not None:
             checks.append(Check("warn", name, why))
         else:
             checks.append(Check("ok", name, f"{version} (optional: {FRAMEWORKS_WHY})"))

@@ -22,14 +22,14 @@ _LM = dict(vocab_size=64, hidden=32, layers=2, heads=2, max_len=16)  # a tiny Ll
 
 
 def _lm_rows(n: int, seed: int) -> list[dict[str, torch.Tensor]]:
-    hf_models = importlib.import_module("helpers.hf_models")
+    hf_models = importlib.import_module("helpers.frameworks.hf_models")
     rows = token_loss.variable_length_sequences(n, _LM["max_len"], _LM["vocab_size"], spread=0.75, seed=seed)
     return hf_models.training_rows(rows)
 
 
 def _c_hf_checkpointing(lab: Lab) -> Evidence:
-    hf = importlib.import_module("helpers.hf")
-    hf_models = importlib.import_module("helpers.hf_models")
+    hf = importlib.import_module("helpers.frameworks.hf")
+    hf_models = importlib.import_module("helpers.frameworks.hf_models")
     model = hf_models.causal_lm("llama", device=lab.device, **_LM)
     batch = hf_models.micro_batches(_lm_rows(4, 0), 4, device=lab.device)[0]
     plain, (_, g_plain) = hf.saved_bytes(model, batch), hf.loss_and_grad(model, batch)
@@ -44,8 +44,8 @@ def _c_hf_checkpointing(lab: Lab) -> Evidence:
 def _c_trainer_accumulation(lab: Lab) -> Evidence:
     import tempfile
 
-    hf = importlib.import_module("helpers.hf")
-    hf_models = importlib.import_module("helpers.hf_models")
+    hf = importlib.import_module("helpers.frameworks.hf")
+    hf_models = importlib.import_module("helpers.frameworks.hf_models")
     rows = _lm_rows(8, 1)
     loop = hf_models.causal_lm("llama", device=lab.device, **_LM)
     start = hf.snapshot(loop)
@@ -64,7 +64,7 @@ def _c_trainer_accumulation(lab: Lab) -> Evidence:
 def _c_accelerate_accumulation(lab: Lab) -> Evidence:
     import copy
 
-    accel = importlib.import_module("helpers.accel")
+    accel = importlib.import_module("helpers.frameworks.accel")
     idx, tgt = lab.tokens(8, seed=4)
     micro = list(zip(idx.split(2), tgt.split(2), strict=True))
     loop, model = copy.deepcopy(lab.model), copy.deepcopy(lab.model)
@@ -84,9 +84,9 @@ def _c_accelerate_accumulation(lab: Lab) -> Evidence:
 
 
 def _c_lightning_accumulation(lab: Lab) -> Evidence:
-    from helpers.frameworks import caught_warnings
+    from helpers.frameworks.installed import caught_warnings
 
-    pl_run = importlib.import_module("helpers.lightning_run")
+    pl_run = importlib.import_module("helpers.frameworks.lightning_run")
     x, y = regression_batch(16, 8, 2, seed=5, device=lab.device)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=2)
     with torch.random.fork_rng(devices=[]):
@@ -105,7 +105,7 @@ def _c_lightning_accumulation(lab: Lab) -> Evidence:
 
 
 def _c_compile_budget(lab: Lab) -> Evidence:
-    comp = importlib.import_module("helpers.compiled")
+    comp = importlib.import_module("helpers.frameworks.compiled")
     with torch.random.fork_rng(devices=[]):  # lesson 03's residual MLP: a small graph compiles fast
         torch.manual_seed(0)
         model = ResidualMLP(8, 64, 2, 2).to(lab.device)

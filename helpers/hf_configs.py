@@ -55,14 +55,14 @@ NO_TRANSFORMERS = ("Hugging Face Transformers is not installed (pip install 'ckp
 def transformers_missing() -> bool:
     """True when `transformers` is not installed here, or installed but unable to run with this torch.
 
-    Looked up first; an installed one is imported to ask (`helpers.frameworks.unusable`).
+    Looked up first; an installed one is imported to ask (`helpers.frameworks.installed.unusable`).
     """
     try:
         if importlib.util.find_spec("transformers") is None:
             return True
     except (ImportError, ValueError):  # a finder that refuses it, or a module set to None
         return True
-    from helpers.frameworks import unusable
+    from helpers.frameworks.installed import unusable
 
     return unusable("transformers") is not None
 
@@ -72,7 +72,7 @@ def _transformers():  # noqa: ANN202  (the module, imported only when needed)
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if transformers_missing():
         raise ValueError(NO_TRANSFORMERS)
-    from helpers.frameworks import unusable
+    from helpers.frameworks.installed import unusable
 
     why = unusable("transformers")
     if why is not None:

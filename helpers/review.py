@@ -36,7 +36,7 @@ from helpers.core.display import markdown_table
 from helpers.core.display import progress as progress_bar
 from helpers.core.units import format_bytes
 from helpers.core.validate import choice
-from helpers.frameworks import FRAMEWORKS, missing
+from helpers.frameworks.installed import FRAMEWORKS, missing
 
 __all__ = [
     "Ledger", "Row", "evidence_table", "format_table", "main", "readme_block", "run_check", "run_ledger",

@@ -1,4 +1,4 @@
-"""helpers.accel: Accelerate's accumulate() against the loop, its shared GradientState, and 2 gloo workers."""
+"""helpers.frameworks.accel: accumulate() against the loop, its shared GradientState, and 2 gloo workers."""
 
 from __future__ import annotations
 
@@ -9,23 +9,23 @@ import os
 import pytest
 import torch
 
-from helpers import frameworks
 from helpers.core.training import lm_loss
+from helpers.frameworks import installed
 from helpers.models.gpt import GPTConfig, seeded_gpt
 from helpers.techniques.accumulation import compare_grads
 from helpers.techniques.token_loss import count_valid_tokens, split_micro_batches, variable_length_sequences
 from helpers.techniques.tokens import fixed_step
 
 CI = os.environ.get("CI", "").lower() == "true"
-pytestmark = pytest.mark.skipif(bool(frameworks.missing("accelerate")) and not CI,
+pytestmark = pytest.mark.skipif(bool(installed.missing("accelerate")) and not CI,
                                 reason="needs the frameworks extra (accelerate)")
 CFG = GPTConfig(vocab_size=40, seq_len=10, d_model=16, n_heads=2, n_layers=1, dropout=0.0)
 
 
 @pytest.fixture(scope="module")
 def accel():
-    frameworks.timed_import("accelerate")
-    from helpers import accel as module
+    installed.timed_import("accelerate")
+    from helpers.frameworks import accel as module
 
     return module
 
@@ -88,12 +88,12 @@ def test_token_loss_is_lesson_05s_fix_and_the_mean_is_not(accel) -> None:
         accel.token_loss(torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), 0, 1)
 
 
-@pytest.mark.skipif(bool(frameworks.missing("transformers")) and not CI, reason="needs transformers")
+@pytest.mark.skipif(bool(installed.missing("transformers")) and not CI, reason="needs transformers")
 def test_a_live_trainer_that_stopped_on_its_last_batch_leaks_gradient_state(accel, tmp_path) -> None:
     from accelerate import Accelerator
 
-    frameworks.timed_import("transformers")
-    from helpers import hf, hf_models
+    installed.timed_import("transformers")
+    from helpers.frameworks import hf, hf_models
 
     sizes = dict(vocab_size=48, hidden=24, layers=1, heads=2, max_len=10)
     rows = hf_models.training_rows(variable_length_sequences(4, 10, 48, spread=0.5, seed=1))

@@ -1,4 +1,4 @@
-"""helpers.compiled: what torch.compile keeps for backward at each activation memory budget.
+"""helpers.frameworks.compiled: what torch.compile keeps for backward at each activation memory budget.
 
 The saved bytes read from the compiled autograd nodes are checked against an independent reader:
 saved-tensor hooks (with dynamo off) that see what the compiled function hands to
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch._functorch.config as functorch_config
 
-from helpers import compiled
+from helpers.frameworks import compiled
 from helpers.models.gpt import GPTConfig, seeded_gpt
 from helpers.techniques.saved_tensors import save_matmul_outputs
 

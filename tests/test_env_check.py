@@ -138,12 +138,12 @@ def test_a_cuda_report_says_both_units_and_what_the_cap_covers(monkeypatch: pyte
 
 def test_a_framework_that_cannot_run_with_this_torch_is_a_warning(monkeypatch: pytest.MonkeyPatch,
                                                                   capsys) -> None:
-    from helpers import frameworks
+    from helpers.frameworks import installed
 
     why = "transformers 9.0 is installed but does not run with torch 2.5.1 (ImportError: too old)"
-    monkeypatch.setattr(frameworks, "versions", lambda: {"transformers": "9.0", "accelerate": None,
+    monkeypatch.setattr(installed, "versions", lambda: {"transformers": "9.0", "accelerate": None,
                                                           "lightning": "2.6"})
-    monkeypatch.setattr(frameworks, "unusable", lambda name: why if name == "transformers" else None)
+    monkeypatch.setattr(installed, "unusable", lambda name: why if name == "transformers" else None)
     assert main([]) == 0  # optional: the lessons still run
     out = capsys.readouterr().out
     assert f"[warn] transformers: {why}" in out

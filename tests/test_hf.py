@@ -1,4 +1,4 @@
-"""helpers.hf: Transformers models from configs, the checkpointing switch, the Trainer against the loop.
+"""helpers.frameworks.hf: models from configs, the checkpointing switch, the Trainer against the loop.
 
 Models and K here differ from the lesson's (GPT-2 and Llama at other sizes, K = 2 and 3), so a
 Trainer that matched only the lesson's setting would fail. Nothing is downloaded (HF_HUB_OFFLINE).
@@ -12,21 +12,21 @@ import pytest
 import torch
 from support import transformers_oracles
 
-from helpers import frameworks, hf_models
 from helpers.core.training import IGNORE_INDEX
+from helpers.frameworks import hf_models, installed
 from helpers.techniques.accumulation import compare_grads
 from helpers.techniques.token_loss import variable_length_sequences
 
 CI = os.environ.get("CI", "").lower() == "true"
-pytestmark = pytest.mark.skipif(bool(frameworks.missing("transformers", "accelerate")) and not CI,
+pytestmark = pytest.mark.skipif(bool(installed.missing("transformers", "accelerate")) and not CI,
                                 reason="needs the frameworks extra (transformers, accelerate)")
 SIZES = dict(vocab_size=48, hidden=24, layers=2, heads=2, max_len=12)
 
 
 @pytest.fixture(scope="module")
 def hf():
-    frameworks.timed_import("transformers")
-    from helpers import hf as module
+    installed.timed_import("transformers")
+    from helpers.frameworks import hf as module
 
     return module
 
@@ -88,7 +88,7 @@ def test_reentrant_trap_needs_the_input_grad_hook(hf) -> None:
         model.get_input_embeddings().requires_grad_(False)
         hf.enable_checkpointing(model, reentrant=reentrant)
         model.disable_input_require_grads()
-        with frameworks.caught_warnings() as caught:
+        with installed.caught_warnings() as caught:
             model(**batch).loss.backward()
         results[reentrant] = (hf.missing_grads(model), [str(w.message) for w in caught])
     layer_names = {n for n, _ in model.named_parameters() if ".layers." in n}

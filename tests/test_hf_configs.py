@@ -189,10 +189,10 @@ def test_bad_inputs_are_refused(tmp_path: Path) -> None:
 
 def test_a_transformers_that_refuses_this_torch_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """Building a model Transformers alone knows, where Transformers refuses this torch: say why."""
-    from helpers import frameworks
+    from helpers.frameworks import installed
 
     why = "transformers 9.0 is installed but does not run with torch 2.5.1 (ImportError: too old)"
     monkeypatch.setattr(hf_configs, "transformers_missing", lambda: False)
-    monkeypatch.setattr(frameworks, "unusable", lambda name: why)
+    monkeypatch.setattr(installed, "unusable", lambda name: why)
     with pytest.raises(ValueError, match=r"does not run with torch 2\.5\.1.*covers the model types"):
         hf_configs.transformers_causal_lm({**SMALL["llama"]})

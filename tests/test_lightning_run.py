@@ -1,4 +1,4 @@
-"""helpers.lightning_run: Lightning clips once per accumulated update and steps its scheduler per update."""
+"""helpers.frameworks.lightning_run: Lightning clips once per update and steps its scheduler per update."""
 
 from __future__ import annotations
 
@@ -8,20 +8,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import frameworks
 from helpers.core.data import regression_batch
+from helpers.frameworks import installed
 from helpers.models.nets import ResidualMLP
 from helpers.techniques.accumulation import compare_grads
 
 CI = os.environ.get("CI", "").lower() == "true"
-pytestmark = pytest.mark.skipif(bool(frameworks.missing("lightning")) and not CI,
+pytestmark = pytest.mark.skipif(bool(installed.missing("lightning")) and not CI,
                                 reason="needs the frameworks extra (lightning)")
 
 
 @pytest.fixture(scope="module")
 def pl_run():
-    frameworks.timed_import("lightning")
-    from helpers import lightning_run
+    installed.timed_import("lightning")
+    from helpers.frameworks import lightning_run
 
     return lightning_run
 
@@ -44,7 +44,7 @@ def test_clip_once_and_step_the_scheduler_once_per_update(pl_run, k: int) -> Non
     schedule = lambda u: 0.5 ** u  # noqa: E731 - the lr halves every scheduler step
     module = pl_run.loop_module(_net(), F.mse_loss, lr=0.2, lr_lambda=schedule)
     trainer = pl_run.quiet_trainer(max_steps=updates, accumulate_grad_batches=k, gradient_clip_val=clip)
-    with frameworks.caught_warnings():
+    with installed.caught_warnings():
         trainer.fit(module, loader)
     assert len(module.clip_norms) == updates and pl_run.scheduler_of(trainer).last_epoch == updates
     assert module.clip_lrs == [0.2 * schedule(u) for u in range(updates)]

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import frameworks, hf_models
+from helpers.frameworks import hf_models, installed
 
 ROOT = Path(__file__).resolve().parent.parent
 CI = os.environ.get("CI", "").lower() == "true"
-needs_hf = pytest.mark.skipif(bool(frameworks.missing("transformers", "accelerate")) and not CI,
+needs_hf = pytest.mark.skipif(bool(installed.missing("transformers", "accelerate")) and not CI,
                               reason="needs the frameworks extra (transformers, accelerate)")
 KNOB = re.compile(r"(gradient|activation)_checkpointing")
 CONTEXT_FN = re.compile(r"""context_fn["']?\s*[:=]""")  # a context_fn passed, not just named
@@ -84,8 +84,8 @@ def test_a_context_fn_is_always_shown_with_use_reentrant_false(where: str, kind:
 # -- running them --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def hf():
-    frameworks.timed_import("transformers")
-    from helpers import hf as module
+    installed.timed_import("transformers")
+    from helpers.frameworks import hf as module
 
     return module
 

@@ -1,13 +1,13 @@
 """Lesson 10 (notebooks/10_frameworks_and_compiler.ipynb): sizes, figures, widgets, exercise checkers.
 
-The measuring lives in instruments: `helpers.frameworks` (finding and importing the
-frameworks), `helpers.hf` (Transformers), `helpers.accel` (Accelerate),
-`helpers.lightning_run` (Lightning), `helpers.compiled` (the compiler's memory budget)
+The measuring lives in instruments: `helpers.frameworks.installed` (finding and importing the
+frameworks), `helpers.frameworks.hf` (Transformers), `helpers.frameworks.accel` (Accelerate),
+`helpers.frameworks.lightning_run` (Lightning), `helpers.frameworks.compiled` (the compiler's memory budget)
 and `helpers.techniques.tradeoffs` (optimizer in backward, chunked loss, offloading).
 
 - Sizes: `lesson_sizes(scale)` -> `Sizes`; `gpt_config(sizes)`, `lm_samples(sizes, n)`.
 - Figures: `plot_pareto(curve, others)`; tables print with `helpers.core.display.text_table`, the
-  frameworks' versions with `helpers.frameworks.versions_table`.
+  frameworks' versions with `helpers.frameworks.installed.versions_table`.
 - Widgets: `show_accumulate(micro_batch, steps)` (Accelerate against lesson 05's loop; without
   Accelerate, lesson 05's two loops, `loop_errors`) and
   `BudgetExplorer(sizes, device, curve)` (the compiler's budget at a micro-batch size).
@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from helpers import compiled, frameworks
 from helpers.core import plots, units
 from helpers.core.device import SCALES
 from helpers.core.display import text_table
 from helpers.core.training import warmup_cosine
 from helpers.core.validate import answer_number, choice, number_in_range, positive_int
+from helpers.frameworks import compiled, installed
 from helpers.lessons import not_answered
 from helpers.measure.formulas import gpt_step_peak_bytes
 from helpers.models.gpt import GPT, GPTConfig, seeded_gpt
@@ -61,7 +61,7 @@ SPREAD = 0.75  # lesson 05's length spread: lengths from 25% to 100% of max_len
 class Sizes:
     """How large lesson 10's experiments are at one scale.
 
-    `lm` sizes the Transformers models (`helpers.hf_models.causal_lm`); `micro_batch` (B),
+    `lm` sizes the Transformers models (`helpers.frameworks.hf_models.causal_lm`); `micro_batch` (B),
     `k` (K) and `lr` set every accumulation comparison; the GPT (`d_model`, `heads`,
     `seq_len`, `layers`, `vocab`) is the lessons' own model, used with Accelerate, the
     compiler and the trade-offs; `ce_tokens` x `ce_vocab` are the large-vocabulary logits,
@@ -199,8 +199,8 @@ def accumulate_errors(micro_batch: int, steps: int, *, scale: str = "small",
     Returns the `sync_gradients` of each micro-step and the max_rel gradient error of
     the token-mean loss (the naive loop) and of `accel.token_loss` (Accelerate's recipe).
     """
-    from helpers import accel
     from helpers.core.training import lm_loss
+    from helpers.frameworks import accel
 
     positive_int("micro_batch", micro_batch)
     positive_int("steps", steps)
@@ -257,9 +257,9 @@ def show_accumulate(micro_batch: int = 4, steps: int = 4, *, scale: str = "small
         device: where it runs.
     """
     print(f"effective batch B x K = {micro_batch} x {steps} = {micro_batch * steps} padded sequences")
-    if frameworks.missing("accelerate"):
+    if installed.missing("accelerate"):
         naive, fixed = loop_errors(micro_batch, steps, scale=scale, device=device)
-        print(f"Accelerate is not installed ({frameworks.install_hint(['accelerate'])}); lesson 05's loops "
+        print(f"Accelerate is not installed ({installed.install_hint(['accelerate'])}); lesson 05's loops "
               f"alone, the optimizer stepping after micro-step {steps}:")
         print(text_table([("token mean of each micro-batch / K (naive)", f"{naive:.2e}"),
                           ("summed token loss / the group's tokens (lesson 05)", f"{fixed:.2e}")],
@@ -327,7 +327,7 @@ def check_exercise_1(fraction: object) -> str:
         return not_answered("pass a number, e.g. 0.25 for a quarter of the learning rate.")
     import transformers
 
-    from helpers.hf import SWITCHED_OFF
+    from helpers.frameworks.hf import SWITCHED_OFF
 
     default = transformers.TrainingArguments.__dataclass_fields__["lr_scheduler_type"].default
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)

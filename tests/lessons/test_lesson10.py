@@ -8,9 +8,9 @@ import matplotlib
 import pytest
 import torch
 
-from helpers import compiled, frameworks
 from helpers.core.device import SCALES
 from helpers.core.training import lm_loss, warmup_cosine
+from helpers.frameworks import compiled, installed
 from helpers.lessons import lesson10 as lab
 from helpers.measure.memory import measure_step
 from helpers.models.gpt import seeded_gpt
@@ -18,7 +18,7 @@ from helpers.techniques import tradeoffs
 
 matplotlib.use("Agg")
 CI = os.environ.get("CI", "").lower() == "true"
-needs_accelerate = pytest.mark.skipif(bool(frameworks.missing("accelerate")) and not CI,
+needs_accelerate = pytest.mark.skipif(bool(installed.missing("accelerate")) and not CI,
                                       reason="needs the frameworks extra (accelerate)")
 
 
@@ -80,7 +80,7 @@ def test_without_the_frameworks_the_widget_keeps_b_and_k_and_the_effective_batch
 
     for name in ("transformers", "accelerate"):
         monkeypatch.setitem(sys.modules, name, None)  # `import transformers` raises; find_spec says absent
-    assert frameworks.missing("transformers", "accelerate") == ["transformers", "accelerate"]
+    assert installed.missing("transformers", "accelerate") == ["transformers", "accelerate"]
     naive, fixed = lab.loop_errors(3, 2, scale="tiny")
     assert naive > 1e-4 and fixed <= 1e-5, (naive, fixed)
     lab.show_accumulate(3, 2, scale="tiny")
@@ -122,7 +122,7 @@ def test_budget_explorer_reuses_the_curve_and_caches() -> None:
         first.point(1, 2.0)
 
 
-@pytest.mark.skipif(bool(frameworks.missing("transformers")) and not CI, reason="needs transformers")
+@pytest.mark.skipif(bool(installed.missing("transformers")) and not CI, reason="needs transformers")
 def test_exercise_1_asks_the_installed_scheduler() -> None:
     assert lab.check_exercise_1(None).startswith("Not answered")
     assert lab.check_exercise_1(0.5).startswith("Correct")  # linear decay over 2 steps, no warmup

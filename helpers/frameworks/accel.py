@@ -98,7 +98,7 @@ def fresh_accelerator(k: int, *, device: torch.device | str = "cpu") -> object:
     """An `Accelerator(gradient_accumulation_steps=k)` that no earlier Trainer can disturb.
 
     Clears the shared `GradientState` first (see the module note). The frameworks' loggers
-    are set to errors only (`helpers.frameworks.silence_logs`).
+    are set to errors only (`helpers.frameworks.installed.silence_logs`).
 
     Args:
         k: gradient accumulation steps.
@@ -109,7 +109,7 @@ def fresh_accelerator(k: int, *, device: torch.device | str = "cpu") -> object:
     """
     from accelerate import Accelerator
 
-    from helpers.frameworks import silence_logs
+    from helpers.frameworks.installed import silence_logs
 
     positive_int("k", k)
     silence_logs()

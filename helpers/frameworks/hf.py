@@ -5,7 +5,7 @@ so the same checks run offline on any machine. Needs the `frameworks` extra; the
 module imports Transformers only when a function is called.
 
 - Models and data (`causal_lm_config`, `causal_lm`, `dropout_settings`, `training_rows`,
-  `collate`, `micro_batches`, `predicted_tokens`, `KINDS`): in `helpers.hf_models`.
+  `collate`, `micro_batches`, `predicted_tokens`, `KINDS`): in `helpers.frameworks.hf_models`.
 - The loop: `group_token_step(model, batches)`, lesson 05's group-token-count
   accumulation written for a causal LM that shifts its labels inside.
 - Checkpointing: `saved_bytes`, `loss_and_grad`, `decoder_layers`, `checkpointed_by_hand`
@@ -28,10 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers.core.training import IGNORE_INDEX, cleared_grads
 from helpers.core.validate import bool_arg, int_in_range, positive_int, positive_number
-from helpers.hf_models import (
-    collate,
-    predicted_tokens,
-)
+from helpers.frameworks.hf_models import collate, predicted_tokens
 from helpers.measure.memory import saved_activation_bytes
 from helpers.techniques.accumulation import flat_grad
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from helpers.core.validate import callable_arg, instance_arg, positive_number
-from helpers.frameworks import silence_logs
+from helpers.frameworks.installed import silence_logs
 
 __all__ = ["loop_module", "quiet_trainer", "scheduler_of"]
 
@@ -96,7 +96,7 @@ def quiet_trainer(*, device: torch.device | str = "cpu", **knobs: object) -> obj
     Returns:
         The Trainer: no logger, checkpointing, progress bar, model summary or sanity
         check. Its INFO lines ("GPU available: ...") are silenced by
-        `helpers.frameworks.silence_logs`; warnings it raises are the caller's to catch.
+        `helpers.frameworks.installed.silence_logs`; warnings it raises are the caller's to catch.
     """
     import lightning.pytorch as pl
 

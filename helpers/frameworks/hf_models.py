@@ -9,7 +9,7 @@ Needs the `frameworks` extra; Transformers is imported only when a function is c
   `collate(rows)` (pad each micro-batch to its longest row, label padding -100),
   `micro_batches(rows, b)`, `predicted_tokens(batches)` (labels the shifted loss counts).
 
-`helpers.hf` runs them against the lessons' loops.
+`helpers.frameworks.hf` runs them against the lessons' loops.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch import nn
 
 from helpers.core.training import IGNORE_INDEX
 from helpers.core.validate import bool_arg, choice, int_in_range, positive_int
-from helpers.frameworks import offline, silence_logs
+from helpers.frameworks.installed import offline, silence_logs
 
 __all__ = [
     "DROPOUT_FIELDS", "KINDS", "causal_lm", "causal_lm_config", "collate", "micro_batches",
