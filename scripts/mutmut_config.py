@@ -34,9 +34,9 @@ TESTS = {
     "helpers/techniques/token_loss.py": "tests/test_tokens.py",
     "helpers/techniques/checkpointing.py": "tests/test_checkpointing.py tests/test_saved_tensors.py",
     "helpers/techniques/segments.py": "tests/test_segments.py",
-    "helpers/planner.py": "tests/test_planner.py",
+    "helpers/plan/planner.py": "tests/test_planner.py",
     "helpers/measure/memory_profile.py": "tests/test_planner.py tests/test_profiler_independent.py",
-    "helpers/estimates.py": "tests/test_planner.py",
+    "helpers/plan/estimates.py": "tests/test_planner.py",
     "helpers/distributed/ddp.py": "tests/test_distributed.py",
     "helpers/distributed/fsdp.py": "tests/test_fsdp.py",
     "helpers/measure/formulas.py": ("tests/test_formulas.py tests/test_phases.py tests/test_pitfalls.py "
@@ -46,7 +46,7 @@ TESTS = {
     "helpers/techniques/saved_tensors.py": "tests/test_saved_tensors.py",
     "helpers/techniques/phases.py": "tests/test_phases.py",
     # the presets' exact peaks, against full profiles of the same configs (tests/test_plan_report.py)
-    "helpers/peak_envelope.py": "tests/test_plan_report.py",
+    "helpers/plan/peak_envelope.py": "tests/test_plan_report.py",
     "helpers/techniques/update_memory.py": "tests/test_update_memory.py tests/test_formulas.py",
 }
 PYTEST = "-x -q -p no:cacheprovider --assert=plain"  # a verdict needs no rewritten asserts

@@ -20,7 +20,7 @@ import torch
 
 from helpers.core.data import BatchSpec
 from helpers.meta.profiler import Profiler
-from helpers.presets import DEFAULT_CUDA_MARGIN, preset_spec
+from helpers.plan.presets import DEFAULT_CUDA_MARGIN, preset_spec
 
 CASES = {"gpt2-small": 512, "qwen2.5-0.5b": 1024}
 SIZES = ((1, 2), (2, 2), (4, 1))  # (B, K)

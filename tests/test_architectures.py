@@ -19,12 +19,12 @@ from support.blocks import block_activation_bytes
 from support.transformers_oracles import copy_transformers_weights, hf_dict
 
 from helpers.core.data import BatchSpec
-from helpers.hf_configs import transformers_causal_lm, transformers_missing
 from helpers.meta.profiler import Profiler
 from helpers.models import architecture_layers as layers
 from helpers.models.architecture_config import PUBLISHED_PARAMETERS, RELEASED, ArchConfig, param_count
 from helpers.models.architectures import CausalLM, released
 from helpers.models.gpt import GPTConfig
+from helpers.plan.hf_configs import transformers_causal_lm, transformers_missing
 
 CI = os.environ.get("CI", "").lower() == "true"
 needs_transformers = pytest.mark.skipif(

@@ -36,8 +36,8 @@ NOT_YET = {
     "helpers.lessons.lesson09.show_plan",
     "helpers.core.data.BatchSpec",
     "helpers.meta.profiler.Profiler",
-    "helpers.plan.main",
-    "helpers.planner.recommend",
+    "helpers.plan.cli.main",
+    "helpers.plan.planner.recommend",
 }
 SECTION = re.compile(r"^(Args|Attributes|Returns|Yields|Raises):\s*$")
 # The lesson protocol's functions: their Args and Returns are written once, in LessonModule.

@@ -20,17 +20,17 @@ import torch.nn.functional as F
 from support.transformers_oracles import hf_dict
 from torch import nn
 
-from helpers import plan as plan_command
 from helpers.core.data import BatchSpec
 from helpers.core.training import lm_loss
-from helpers.hf_configs import HFModel, from_hf_config, transformers_missing
 from helpers.measure.memory import measure_step
 from helpers.measure.memory_profile import fit_profile
 from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import ArchConfig
 from helpers.models.gpt import GPT, GPTConfig
-from helpers.plan_report import PlanReport, plan_model
-from helpers.planner import recommend
+from helpers.plan import cli as plan_command
+from helpers.plan.hf_configs import HFModel, from_hf_config, transformers_missing
+from helpers.plan.planner import recommend
+from helpers.plan.report import PlanReport, plan_model
 from helpers.techniques.checkpointing import apply_ac
 from helpers.techniques.phases import UpdateMeasurer, accumulate_update
 

@@ -1,4 +1,4 @@
-"""helpers.hf_configs: a local config.json planned as a real CPU step of Transformers' model would run.
+"""helpers.plan.hf_configs: a local config.json planned as a real CPU step of Transformers' model would run.
 
 The published config.json files below are the releases' own (copied from the Hugging Face Hub, nothing
 is downloaded). Small config files are written into tmp_path, with torch_dtype "bfloat16" and
@@ -16,10 +16,10 @@ import pytest
 import torch
 from support.transformers_oracles import hf_dict
 
-from helpers import hf_configs
-from helpers.hf_configs import arch_from_hf, from_hf_config, transformers_missing
 from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import PUBLISHED_PARAMETERS, RELEASED, ArchConfig
+from helpers.plan import hf_configs
+from helpers.plan.hf_configs import arch_from_hf, from_hf_config, transformers_missing
 
 CI = os.environ.get("CI", "").lower() == "true"
 needs_transformers = pytest.mark.skipif(

@@ -166,7 +166,7 @@ def test_lesson_00_states_the_decision_rule_word_for_word() -> None:
     import json
     from pathlib import Path
 
-    from helpers import planner
+    from helpers.plan import planner
 
     notebook = Path(__file__).resolve().parent.parent / "notebooks" / "00_start_here.ipynb"
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]

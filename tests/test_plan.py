@@ -6,24 +6,24 @@ import json
 
 import pytest
 
-from helpers import plan
+from helpers.plan import cli
 
 
 @pytest.mark.parametrize(("argv", "msg"), [
     (["--preset", "gpt5"], "unknown preset"),
     (["--model", "nowhere.at_all:f", "--input-shape", "3", "--num-classes", "2"], "cannot import"),
     (["--preset", "gpt2-small", "--budget", "lots"], "cannot parse budget"),
-    (["--model", "helpers.presets:example_classifier"], "describe the batch"),
+    (["--model", "helpers.plan.presets:example_classifier"], "describe the batch"),
 ])
 def test_cli_errors_are_clear(argv: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
-        plan.main(argv)
+        cli.main(argv)
     assert exit_.value.code == 2
     assert msg in capsys.readouterr().err
 
 
 def test_cli_json_for_a_classifier(capsys: pytest.CaptureFixture[str]) -> None:
-    assert plan.main(["--model", "helpers.presets:example_classifier", "--input-shape", "3,32,32",
+    assert cli.main(["--model", "helpers.plan.presets:example_classifier", "--input-shape", "3,32,32",
                       "--num-classes", "10", "--budget", "20 MiB", "--effective-batch", "16", "--json",
                       "--target", "cpu"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -34,7 +34,7 @@ def test_cli_json_for_a_classifier(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_table_for_a_preset_that_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
-    assert plan.main(["--preset", "gpt2-small", "--seq-len", "128", "--budget", "1GB"]) == 0
+    assert cli.main(["--preset", "gpt2-small", "--seq-len", "128", "--budget", "1GB"]) == 0
     out = capsys.readouterr().out
     assert "NO PLAN" in out and "floor" in out and "weights only" in out
     assert "16% of a card sold as 1 GB" in out  # the margin as a share of what the card reports
@@ -48,7 +48,7 @@ def test_hf_config(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noq
               "n_positions": 64}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    assert plan.main(["--hf-config", str(path), "--seq-len", "32", "--json", "--budget", "1GB"]) == 0
+    assert cli.main(["--hf-config", str(path), "--seq-len", "32", "--json", "--budget", "1GB"]) == 0
     assert json.loads(capsys.readouterr().out)["parameters"] > 0
 
 
@@ -69,18 +69,18 @@ def test_a_preset_command_is_planned_once_and_nothing_else_is_kept(
         runs.append(vars(args).copy())
         return ("source",), Report()
 
-    monkeypatch.setattr(plan, "_run", run)
-    plan._preset_run.cache_clear()
+    monkeypatch.setattr(cli, "_run", run)
+    cli._preset_run.cache_clear()
     try:
         command = ["--preset", "gpt2-small", "--seq-len", "256", "--budget", "8GiB"]
-        assert plan.main(command) == 0 and plan.main([*command, "--json"]) == 0
+        assert cli.main(command) == 0 and cli.main([*command, "--json"]) == 0
         assert len(runs) == 1 and "json" not in runs[0] and runs[0]["budget"] == "8GiB"
-        assert plan.main([*command[:-1], "4GiB"]) == 0 and plan.main([*command, "--precision", "bf16"]) == 0
+        assert cli.main([*command[:-1], "4GiB"]) == 0 and cli.main([*command, "--precision", "bf16"]) == 0
         assert [r["budget"] for r in runs] == ["8GiB", "4GiB", "8GiB"] and runs[-1]["precision"] == "bf16"
-        model = ["--model", "helpers.presets:example_classifier", "--input-shape", "3,8,8",
+        model = ["--model", "helpers.plan.presets:example_classifier", "--input-shape", "3,8,8",
                  "--num-classes", "2"]
-        assert plan.main(model) == 0 and plan.main(model) == 0 and len(runs) == 5
+        assert cli.main(model) == 0 and cli.main(model) == 0 and len(runs) == 5
         out = capsys.readouterr().out
         assert out.count("TABLE") == 5 and out.count('"plan": null') == 1
     finally:
-        plan._preset_run.cache_clear()
+        cli._preset_run.cache_clear()

@@ -1,4 +1,4 @@
-"""Tests of helpers.plan_report: a meta profile's plan, the card and margin, remedies, presets."""
+"""Tests of helpers.plan.report: a meta profile's plan, the card and margin, remedies, presets."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import re
 
 import pytest
 
-from helpers import estimates, plan
 from helpers.core.data import BatchSpec
 from helpers.measure.memory_profile import MemoryProfile
 from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import ArchConfig, param_count
 from helpers.models.architectures import CausalLM
-from helpers.peak_envelope import PeakEnvelope
-from helpers.plan_report import _count, margin_line, plan_model, reported_card_bytes
-from helpers.preset_profiles import arch_profile, preset_profile
-from helpers.presets import parse_budget, preset_spec
+from helpers.plan import cli, estimates
+from helpers.plan.peak_envelope import PeakEnvelope
+from helpers.plan.preset_profiles import arch_profile, preset_profile
+from helpers.plan.presets import parse_budget, preset_spec
+from helpers.plan.report import _count, margin_line, plan_model, reported_card_bytes
 
 # -- preset_profile: a 1- and a 2-block copy, exact at every micro-batch ------------------------------
 # Small configs whose peak moves between ops as B and the depth grow, as GPT-2 small's does at 64
@@ -154,7 +154,7 @@ def test_lesson00_command_gives_the_largest_plan_that_fits(capsys: pytest.Captur
     Independently of the planner: fresh full profiles of every candidate (B x K, K >= 2 standing for any
     K >= 2) say which fit in 8 GiB less the 10% CUDA margin; the plan must be the largest of them.
     """
-    assert plan.main(LESSON00) == 0
+    assert cli.main(LESSON00) == 0
     out = capsys.readouterr().out
     assert "NO PLAN" not in out and "PLAN: " in out
     usable = 0.9 * 8 * 2**30
@@ -173,7 +173,7 @@ def test_the_report_prints_one_byte_convention_and_whole_column_names(
     model's parameter count is not "0.000 B" (issue 24)."""
     assert (_count(1_235_814_400), _count(124_439_808), _count(12_345), _count(850)) == (
         "1.24 B", "124.4 M", "12.3 k", "850")
-    assert plan.main(["--preset", "gpt2-small", "--seq-len", "64", "--budget", "1GiB",
+    assert cli.main(["--preset", "gpt2-small", "--seq-len", "64", "--budget", "1GiB",
                       "--effective-batch", "8", "--target", "cpu"]) == 0
     text = capsys.readouterr().out
     sizes = re.findall(r"(\d+(?:\.\d+)?) (?:KiB|MiB|GiB)\b", text)

@@ -12,10 +12,10 @@ import math
 import pytest
 from support.updates import mlp_adam, mlp_update
 
-from helpers import estimates, planner
 from helpers.measure import formulas, memory_profile
 from helpers.measure.memory import StepMemory, measure_step
 from helpers.models.gpt import GPTConfig
+from helpers.plan import estimates, planner
 from helpers.techniques.phases import PhaseMemory, measure_phases
 
 MiB = 2**20

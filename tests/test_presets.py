@@ -1,4 +1,4 @@
-"""Tests of helpers.presets: budgets, factories and Hugging Face configs."""
+"""Tests of helpers.plan.presets: budgets, factories and Hugging Face configs."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 from support.transformers_oracles import hf_dict
 
-from helpers import presets
 from helpers.models.architecture_config import RELEASED
-from helpers.presets import example_classifier, hf_factory, load_factory, parse_budget
+from helpers.plan import presets
+from helpers.plan.presets import example_classifier, hf_factory, load_factory, parse_budget
 
 
 @pytest.mark.parametrize(("text", "value"), [("24GB", 24e9), ("24 GiB", 24 * 2**30), ("24e9", 24e9),
@@ -30,10 +30,10 @@ def test_parse_budget_refuses(text: str) -> None:
 
 
 def test_load_factory_errors() -> None:
-    found = load_factory("helpers.presets:example_classifier")
+    found = load_factory("helpers.plan.presets:example_classifier")
     assert found is presets.example_classifier is example_classifier
     for bad, msg in [("helpers.plan", "package.module:factory"), ("no_such_pkg.mod:f", "cannot import"),
-                     ("helpers.plan:nope", "no attribute"), ("helpers.presets:GB", "not callable")]:
+                     ("helpers.plan:nope", "no attribute"), ("helpers.plan.presets:GB", "not callable")]:
         with pytest.raises(ValueError, match=msg):
             load_factory(bad)
 

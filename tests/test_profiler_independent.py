@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from helpers.core.data import BatchSpec
 from helpers.measure.memory import measure_step
 from helpers.meta.profiler import Profiler
-from helpers.plan_report import plan_model
+from helpers.plan.report import plan_model
 
 
 def _mlp() -> nn.Module:

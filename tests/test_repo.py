@@ -382,12 +382,12 @@ def _plan_commands() -> list[tuple[str, str]]:
 def test_every_planner_command_a_reader_is_shown_parses_and_names_a_real_preset() -> None:
     import shlex
 
-    from helpers import plan
-    from helpers.presets import PRESETS
+    from helpers.plan import cli
+    from helpers.plan.presets import PRESETS
 
     commands = _plan_commands()
     assert len(commands) >= 3, commands  # the README's top, its planner section, lessons 00 and 09
-    parser = plan._parser()
+    parser = cli._parser()
     for where, args in commands:
         argv = shlex.split(args)
         if "--help" in argv:
@@ -397,7 +397,7 @@ def test_every_planner_command_a_reader_is_shown_parses_and_names_a_real_preset(
 
 
 def test_the_readme_lists_the_planner_presets_there_are() -> None:
-    from helpers.presets import PRESETS
+    from helpers.plan.presets import PRESETS
 
     text = _readme_section("Check every claim, plan your own model")
     assert all(f"`{name}`" in text for name in PRESETS), [n for n in PRESETS if f"`{n}`" not in text]

@@ -8,12 +8,12 @@ import functools
 import pytest
 import torch
 
-from helpers import plan
 from helpers.core.data import BatchSpec
 from helpers.meta.profiler import Profiler
 from helpers.meta.target_kernels import GPUS, cuda_kernel
 from helpers.models.architecture_config import RELEASED
 from helpers.models.architectures import CausalLM
+from helpers.plan import cli
 
 FLASH, EFFICIENT, MATH = 1, 2, 0
 
@@ -42,15 +42,15 @@ def test_grouped_query_attention_on_cuda_runs_flash_in_bf16_and_math_on_a_t4() -
 
 
 def test_gpu_flag() -> None:
-    assert plan._capability("T4") == 75 and plan._capability("8.6") == 86 and plan._capability("90") == 90
+    assert cli._capability("T4") == 75 and cli._capability("8.6") == 86 and cli._capability("90") == 90
     with pytest.raises(ValueError, match="--gpu"):
-        plan._capability("V100-ish")
+        cli._capability("V100-ish")
 
 
 def test_fused_and_per_tensor_adam_appear_where_the_optimizer_step_binds() -> None:
     """A small Llama-family model at one short sequence: CUDA's foreach Adam makes parameter-sized
     temporaries, so the step binds; fused=True / foreach=False save what the per-tensor loop's peak says."""
-    from helpers.plan_report import plan_model
+    from helpers.plan.report import plan_model
 
     cfg = dataclasses.replace(RELEASED["llama-3.2-1b"], vocab_size=512, hidden_size=64, intermediate_size=128,
                               num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)

@@ -9,14 +9,14 @@ import torch
 from support.transformers_oracles import hf_dict
 from torch import nn
 
-from helpers import estimates
 from helpers.core.data import BatchSpec
-from helpers.hf_configs import from_hf_config
 from helpers.meta.profiler import PURE_BF16_WARNING, Profiler
 from helpers.models.architecture_config import RELEASED
 from helpers.models.architectures import CausalLM
 from helpers.models.trainable import LoRALinear, apply_trainable, parse_trainable, trainable_count
-from helpers.plan_report import plan_model
+from helpers.plan import estimates
+from helpers.plan.hf_configs import from_hf_config
+from helpers.plan.report import plan_model
 
 SMALL = dataclasses.replace(RELEASED["llama-3.2-1b"], vocab_size=512, hidden_size=64, intermediate_size=128,
                             num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)

@@ -24,7 +24,7 @@ from helpers.core.validate import choice, positive_int
 from helpers.measure.formulas import gpt_param_count, korthikanti_activation_bytes
 from helpers.measure.memory_profile import MemoryProfile, fit_profile
 from helpers.models.gpt import GPT, GPTConfig
-from helpers.planner import GB, Plan, recommend
+from helpers.plan.planner import GB, Plan, recommend
 from helpers.techniques.phases import PhaseMemory, UpdateMeasurer
 
 __all__ = [

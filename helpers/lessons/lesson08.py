@@ -13,7 +13,7 @@ from helpers.core.training import lm_loss
 from helpers.core.validate import choice, positive_int
 from helpers.measure.formulas import gpt_step_peak_bytes, predicted_update_peak_bytes
 from helpers.models.gpt import GPT, GPTConfig, deep_gpt_setup, explainer_config
-from helpers.planner import RULE_COROLLARY, decision_rule
+from helpers.plan.planner import RULE_COROLLARY, decision_rule
 from helpers.review import Ledger
 from helpers.techniques import accumulation as acc
 

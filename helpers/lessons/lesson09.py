@@ -20,10 +20,10 @@ from helpers.measure.memory_profile import MemoryProfile
 from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import param_count
 from helpers.models.gpt import GPT, GPTConfig
-from helpers.plan_report import margin_line, reported_card_bytes
-from helpers.planner import recommend
-from helpers.preset_profiles import preset_profile
-from helpers.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
+from helpers.plan.planner import recommend
+from helpers.plan.preset_profiles import preset_profile
+from helpers.plan.presets import DEFAULT_CUDA_MARGIN, GB, preset_spec
+from helpers.plan.report import margin_line, reported_card_bytes
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

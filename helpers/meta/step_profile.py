@@ -4,7 +4,7 @@
 each phase (the end of the forward pass, the backward pass, the optimizer step), each with its
 breakdown by category, and the timeline it was read from. `_step_profile` reads one from a
 `helpers.measure.timeline.Timeline`; `_marks_blocks_done` marks, in each micro-step's backward, the point
-where every block's backward has run (`BLOCKS_DONE`, which `helpers.peak_envelope` cuts at).
+where every block's backward has run (`BLOCKS_DONE`, which `helpers.plan.peak_envelope` cuts at).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _marks_blocks_done(model: nn.Module, tracker: MemoryTracker | None) -> Itera
 
     The first call of the first block (`blocks_of`) hooks its input, whose gradient exists once the
     backward of every block has run; what follows (the embedding's backward) is the part of the pass
-    whose memory does not grow with the number of blocks (`helpers.peak_envelope`). The hook returns
+    whose memory does not grow with the number of blocks (`helpers.plan.peak_envelope`). The hook returns
     nothing, so the gradient is unchanged; no mark is made without blocks or an input that needs grad.
     """
     try:

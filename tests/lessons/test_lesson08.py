@@ -75,7 +75,7 @@ def test_the_notebook_holds_the_quiz_and_the_interview_path_as_markdown() -> Non
 
 def test_which_one_first_quotes_the_planners_rule() -> None:
     """Lesson 08's answer and lesson 06's planner state one rule (issue 21), from one home."""
-    from helpers import planner
+    from helpers.plan import planner
 
     answer = lesson08.followup_answers(_ledger())["Which one first?"]
     for i, step in enumerate(planner.DECISION_RULE, 1):

@@ -11,9 +11,9 @@ from helpers.lessons import lesson09
 from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import param_count
 from helpers.models.gpt import GPT
-from helpers.planner import recommend
-from helpers.preset_profiles import preset_profile
-from helpers.presets import PRESETS
+from helpers.plan.planner import recommend
+from helpers.plan.preset_profiles import preset_profile
+from helpers.plan.presets import PRESETS
 
 
 def test_predicted_peak_matches_the_real_check_run() -> None:

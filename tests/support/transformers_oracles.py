@@ -1,7 +1,7 @@
 """The Transformers oracles: what the tests hold the project's own architectures against.
 
 - `hf_dict(cfg)`: the Transformers `config.json` dict of an `ArchConfig`, for building the same model
-  with Transformers (`helpers.hf_configs.transformers_causal_lm`) or writing a config file.
+  with Transformers (`helpers.plan.hf_configs.transformers_causal_lm`) or writing a config file.
 - `copy_transformers_weights(ours, theirs)`: Transformers' weights into `CausalLM`, for equal logits.
 - `dropout_settings(model)`: every dropout probability a Transformers model holds.
 

@@ -3,9 +3,9 @@
 - `PRESETS`: the released models of `helpers.models.architecture_config.RELEASED` (GPT-2 small to XL with tied
   embeddings, Llama-3.2-1B/3B, Llama-3.1-8B, Mistral-7B, Qwen2.5-0.5B, TinyLlama-1.1B), their exact
   parameter counts whatever the sequence length; `preset_spec(name, seq_len)`.
-- `load_factory("package.module:factory")`, `hf_factory(config.json)` (`helpers.hf_configs`: our own
+- `load_factory("package.module:factory")`, `hf_factory(config.json)` (`helpers.plan.hf_configs`: our own
   architecture for GPT-2 and Llama-family configs, Transformers for the others): any other model.
-- `example_classifier`: a small ConvNet to try `--model helpers.presets:example_classifier` with.
+- `example_classifier`: a small ConvNet to try `--model helpers.plan.presets:example_classifier` with.
 - `parse_budget`: "24GB" (decimal: 24e9 bytes), "24 GiB" (binary: 24 x 2^30 bytes), "24e9" -> bytes.
 """
 
@@ -19,10 +19,10 @@ from torch import nn
 
 from helpers.core.data import BatchSpec
 from helpers.core.validate import ArgTypeError, positive_number
-from helpers.hf_configs import HFModel, from_hf_config
 from helpers.models.architecture_config import RELEASED, ArchConfig
 from helpers.models.architectures import released
 from helpers.models.nets import ConvNet
+from helpers.plan.hf_configs import HFModel, from_hf_config
 
 __all__ = [
     "CARDS_GB", "DEFAULT_CUDA_MARGIN", "GB", "PRESETS", "example_classifier", "hf_factory", "load_factory",
@@ -87,7 +87,7 @@ def load_factory(path: str) -> Callable[[], nn.Module]:
 def hf_factory(config_path: str, seq_len: int | None = None, *, builder: str = "auto") -> HFModel:
     """A causal LM from a local Hugging Face config.json (no download, no weights), always in fp32.
 
-    `helpers.hf_configs.from_hf_config`: our own architecture for GPT-2 and Llama-family configs
+    `helpers.plan.hf_configs.from_hf_config`: our own architecture for GPT-2 and Llama-family configs
     (no Transformers needed), else Transformers' model; the config's torch_dtype is recorded
     (`HFModel.stored_line`: "weights stored as bf16 ..."), never used as the training precision.
     """
@@ -137,5 +137,5 @@ def parse_budget(text: str | float) -> float:
 
 
 def example_classifier() -> nn.Module:
-    """A small ConvNet with BatchNorm, for trying `--model helpers.presets:example_classifier`."""
+    """A small ConvNet with BatchNorm, for trying `--model helpers.plan.presets:example_classifier`."""
     return ConvNet(3, 32, 4, 10)

@@ -2,9 +2,9 @@
 
 The command reads a model (`--preset`, `--model package.module:factory` or `--hf-config`), a batch
 and a budget, profiles one training update on the meta device (`helpers.meta_profile.Profiler`),
-and prints the plan (`helpers.plan_report.plan_model`): the inputs live in `helpers.presets`, the
-report in `helpers.plan_report`. `example_classifier` (from `helpers.presets`) is a small model to
-try `--model helpers.presets:example_classifier` with.
+and prints the plan (`helpers.plan.report.plan_model`): the inputs live in `helpers.plan.presets`, the
+report in `helpers.plan.report`. `example_classifier` (from `helpers.plan.presets`) is a small model to
+try `--model helpers.plan.presets:example_classifier` with.
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from collections.abc import Sequence
 
 from helpers.core.data import BatchSpec
 from helpers.core.training import OPTIMIZERS
-from helpers.hf_configs import BUILDERS, NO_TRANSFORMERS, transformers_missing
 from helpers.meta.profiler import CHECKPOINTS, OPTIMIZER_IMPLS, PRECISIONS, TARGETS, Profiler
 from helpers.meta.target_kernels import GPUS
-from helpers.plan_report import PlanReport, plan_model
-from helpers.presets import (
+from helpers.plan.hf_configs import BUILDERS, NO_TRANSFORMERS, transformers_missing
+from helpers.plan.presets import (
     DEFAULT_CUDA_MARGIN,
     PRESETS,
     hf_factory,
@@ -29,6 +28,7 @@ from helpers.presets import (
     parse_budget,
     preset_spec,
 )
+from helpers.plan.report import PlanReport, plan_model
 
 __all__ = ["main"]
 

@@ -1,10 +1,10 @@
 """A preset's (a config's) memory profile from a 1-block and a 2-block copy (lesson 09's presets).
 
-- `preset_profile(name, seq_len, checkpoint)`: a preset's `MemoryProfile` (`helpers.presets`),
+- `preset_profile(name, seq_len, checkpoint)`: a preset's `MemoryProfile` (`helpers.plan.presets`),
   cached; `arch_profile(cfg, seq_len, checkpoint)`: that of any
   `helpers.models.architecture_config.ArchConfig`.
   Both profile copies of the model with 1 and 2 blocks on the meta device and extend them to all
-  blocks; the peaks are exact at every micro-batch (`helpers.peak_envelope.EnvelopeProfile`).
+  blocks; the peaks are exact at every micro-batch (`helpers.plan.peak_envelope.EnvelopeProfile`).
 - `PRESET_MICRO_BATCHES`: the micro-batches the copies are profiled at.
 
 """
@@ -20,8 +20,8 @@ from helpers.measure.memory_profile import MemoryProfile
 from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import ArchConfig
 from helpers.models.architectures import CausalLM
-from helpers.peak_envelope import EnvelopeProfile, PeakEnvelope, envelopes
-from helpers.presets import preset_spec
+from helpers.plan.peak_envelope import EnvelopeProfile, PeakEnvelope, envelopes
+from helpers.plan.presets import preset_spec
 
 __all__ = ["PRESET_MICRO_BATCHES", "arch_profile", "preset_profile"]
 
@@ -41,7 +41,7 @@ def preset_profile(
     trainable: str = "all",
     micro_batches: tuple[int, ...] = PRESET_MICRO_BATCHES,
 ) -> MemoryProfile:
-    """A preset's `MemoryProfile`: `arch_profile` of its config (`helpers.presets.preset_spec`)."""
+    """A preset's `MemoryProfile`: `arch_profile` of its config (`helpers.plan.presets.preset_spec`)."""
     _, _, cfg = preset_spec(name, seq_len)
     return arch_profile(cfg, seq_len, checkpoint, optimizer=optimizer, target=target, precision=precision,
                         trainable=trainable, micro_batches=micro_batches, label=f"{name} {checkpoint}")
@@ -62,7 +62,7 @@ def arch_profile(
     """The `MemoryProfile` of `CausalLM(cfg)`, from copies with 1 and 2 blocks extended to all of them.
 
     Its peaks (`predict_peak`, `forward_peak`, `optimizer_peak`, at any micro-batch and K) are
-    exact: a `helpers.peak_envelope.EnvelopeProfile` built from each copy's profiles at micro-batches
+    exact: a `helpers.plan.peak_envelope.EnvelopeProfile` built from each copy's profiles at micro-batches
     1, 2 and 8, never a line extended past the sizes it was fitted at. Its fitted figures (floor,
     bytes per example, the optimizer step's line), which describe the profile, come from each copy
     fitted at `micro_batches` (default 1, 2 and 8), each a straight line in the number of blocks.

@@ -17,12 +17,12 @@ from torch import nn
 
 from helpers.core.units import format_bytes
 from helpers.core.validate import ArgTypeError, choice, number_in_range, positive_number
-from helpers.estimates import CAVEATS, remedy_floors
 from helpers.measure.memory_profile import MemoryProfile
 from helpers.meta.profiler import CHECKPOINTS, PURE_BF16_WARNING, Profiler
 from helpers.meta.step_profile import StepProfile
-from helpers.planner import Plan, recommend
-from helpers.presets import DEFAULT_CUDA_MARGIN, GB
+from helpers.plan.estimates import CAVEATS, remedy_floors
+from helpers.plan.planner import Plan, recommend
+from helpers.plan.presets import DEFAULT_CUDA_MARGIN, GB
 
 __all__ = ["PlanReport", "cpu_threads_note", "margin_line", "plan_model", "reported_card_bytes"]
 
