@@ -96,7 +96,7 @@ print(re.sub(r'[^a-z0-9]+', '-', n.lower().replace('nvidia', '')).strip('-'))")
     fi
   }
   lane_ledger() {
-    if [ -f helpers/review.py ]; then
+    if [ -f helpers/ledger/review.py ]; then
       phase d_ledger "$T_LEDGER" $PY -m helpers.review --no-progress --markdown "$OUT/ledger_${dev}.md"
     fi
   }

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import claim_lab, claims, review
-from helpers.claim_lab import Evidence
-from helpers.claims import Claim
+from helpers.ledger import claim_lab, claims, review
+from helpers.ledger.claim_lab import Evidence
+from helpers.ledger.claims import Claim
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,8 +99,8 @@ def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
     small share of the step on the recompute: the old proxy (1.05 <= ckpt / plain <= 1.40) failed it,
     though the claim holds.
     """
-    from helpers.claims import CLAIMS
     from helpers.core.training import lm_loss
+    from helpers.ledger.claims import CLAIMS
     from helpers.models.gpt import GPTConfig, seeded_gpt
     from helpers.techniques import checkpointing, costs
 
@@ -126,7 +126,7 @@ def test_c11_asserts_at_most_one_forward_of_the_checkpointed_blocks() -> None:
 def test_headline_claims_run_on_the_lessons_own_models(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ledger reports the lessons' numbers: C09/C11 on lesson 02's GPT, C08/C25 on 01's (issue 21)."""
     monkeypatch.delenv("LESSONS_SCALE", raising=False)  # `make check` runs beside the tiny notebooks
-    from helpers.claim_lab import LESSON_MODEL_CLAIMS
+    from helpers.ledger.claim_lab import LESSON_MODEL_CLAIMS
     from helpers.models.gpt import deep_gpt_setup as gpt_setup
     from helpers.models.gpt import explainer_config
 

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 import torch
 
-from helpers.claim_lab import LAB_CONFIG, Lab
 from helpers.core.device import pick_device
 from helpers.core.training import lm_loss
 from helpers.core.validate import choice, positive_int
+from helpers.ledger.claim_lab import LAB_CONFIG, Lab
+from helpers.ledger.review import Ledger
 from helpers.measure.formulas import gpt_step_peak_bytes, predicted_update_peak_bytes
 from helpers.models.gpt import GPT, GPTConfig, deep_gpt_setup, explainer_config
 from helpers.plan.planner import RULE_COROLLARY, decision_rule
-from helpers.review import Ledger
 from helpers.techniques import accumulation as acc
 
 __all__ = [

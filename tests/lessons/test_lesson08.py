@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import claim_lab, claims, review
+from helpers.ledger import claim_lab, claims, review
 from helpers.lessons import lesson08
 
 FIGURES = {"C11": {"extra_share_of_step": 0.331}, "C24": {"flops_difference": 0.004}}

@@ -1,7 +1,7 @@
 """The measurements behind lesson 10's claims in the ledger (lesson 08): frameworks and the compiler.
 
 Each `_c_*(lab)` returns `Evidence`; the frameworks (Transformers, Accelerate, Lightning) are
-imported only when their check runs. `helpers.claims.CLAIMS` names them.
+imported only when their check runs. `helpers.ledger.claims.CLAIMS` names them.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import importlib
 
 import torch
 
-from helpers.claim_lab import Evidence, Lab
-from helpers.claim_lab import gib as _gib
 from helpers.core.data import regression_batch
 from helpers.core.training import lm_loss
+from helpers.ledger.claim_lab import Evidence, Lab
+from helpers.ledger.claim_lab import gib as _gib
 from helpers.models.nets import ResidualMLP
 from helpers.techniques import accumulation as acc
 from helpers.techniques import token_loss

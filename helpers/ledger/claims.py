@@ -3,8 +3,8 @@
 Every `Claim` restates one sentence of the explainer in our words, names the lesson
 and section that teach it, and carries a check: a function of a shared `Lab` that returns
 `Evidence` (pass/fail, a number with its unit, and a sentence). The checks
-(`helpers.claim_checks`, `helpers.framework_checks`) call the instruments the lessons use,
-so a lesson and its ledger row cannot drift apart; `helpers.claim_lab` holds the `Lab` they
+(`helpers.ledger.claim_checks`, `helpers.ledger.framework_checks`) call the instruments the lessons use,
+so a lesson and its ledger row cannot drift apart; `helpers.ledger.claim_lab` holds the `Lab` they
 share. `helpers.review` runs them.
 
 Most checks run on a small, fast GPT (`LAB_CONFIG`). The headline numbers
@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from helpers import claim_checks as core
-from helpers import framework_checks as fw
-from helpers.claim_lab import Evidence, Lab
+from helpers.ledger import claim_checks as core
+from helpers.ledger import framework_checks as fw
+from helpers.ledger.claim_lab import Evidence, Lab
 
 __all__ = ["CLAIMS", "Claim"]
 

@@ -4,7 +4,7 @@ Each `_c_*(lab)` returns `Evidence`.
 
 Every check calls instruments only (memory, phases, checkpointing, costs, accumulation,
 pitfalls, tokens, planner), never a lesson module, so a lesson and its ledger row measure
-with the same code. `helpers.claims.CLAIMS` names them.
+with the same code. `helpers.ledger.claims.CLAIMS` names them.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections.abc import Callable
 
 import torch
 
-from helpers.claim_lab import LAB_CONFIG, SWEEP, Evidence, Lab
-from helpers.claim_lab import gib as _gib
 from helpers.core import training
 from helpers.core.data import regression_batch
 from helpers.core.training import lm_loss
+from helpers.ledger.claim_lab import LAB_CONFIG, SWEEP, Evidence, Lab
+from helpers.ledger.claim_lab import gib as _gib
 from helpers.measure import formulas
 from helpers.measure.memory import micro_step_memory, new_live_bytes, record_timeline, saved_activation_bytes
 from helpers.models.gpt import deep_gpt_setup

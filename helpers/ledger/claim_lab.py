@@ -3,7 +3,7 @@
 Most checks run on a small, fast GPT (`LAB_CONFIG`). The headline numbers
 (`LESSON_MODEL_CLAIMS`) run on the model of the lesson that shows them, at this device's
 scale: lesson 02's GPT (`helpers.models.gpt.deep_gpt_setup`) and lesson 01's
-(`helpers.models.gpt.explainer_model`). `helpers.claims` holds the claims themselves.
+(`helpers.models.gpt.explainer_model`). `helpers.ledger.claims` holds the claims themselves.
 """
 
 from __future__ import annotations
