@@ -59,13 +59,16 @@ def _call_args(text: str, start: int) -> str:
 
 
 def test_every_checkpoint_call_is_non_reentrant() -> None:
-    sources = [p.read_text() for p in (ROOT / "helpers").glob("*.py")]
+    sources = [p.read_text() for p in (ROOT / "helpers").rglob("*.py")]
     sources += ["\n".join(_src(c) for c in _code_cells(nb)) for nb in NOTEBOOKS]
+    calls = 0
     for text in sources:
         for call in re.finditer(r"(?<!def )\bcheckpoint(?:_sequential)?\(", text):
             args = _call_args(text, call.end())
             if args.strip():
                 assert "use_reentrant=False" in args or "**" in args, f"needs use_reentrant=False: {args}"
+                calls += 1
+    assert calls >= 10, f"only {calls} checkpoint calls read: the scan misses helpers/ or the notebooks"
 
 
 def _names(reqs: list[str]) -> dict[str, str]:
@@ -324,7 +327,10 @@ def test_no_lesson_module_imports_another(path: Path) -> None:
     assert not others, f"{path.name} imports {sorted(others)}: what lessons share is an instrument"
 
 
-@pytest.mark.parametrize("path", sorted(HELPERS.glob("*.py")), ids=lambda p: p.stem)
+INSTRUMENT_FILES = sorted(p for p in HELPERS.rglob("*.py") if p.relative_to(HELPERS).parts[0] != "lessons")
+
+
+@pytest.mark.parametrize("path", INSTRUMENT_FILES, ids=lambda p: str(p.relative_to(HELPERS).with_suffix("")))
 def test_no_instrument_imports_a_lesson_module(path: Path) -> None:
     """Instruments never reach into a lesson; the ledger (review) may find lessons by discovery only."""
     tree = ast.parse(path.read_text(), filename=str(path))

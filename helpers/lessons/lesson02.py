@@ -237,7 +237,7 @@ class _PolicyFailed(Exception):
 
 
 def _checkpointed_or_raise(block: torch.nn.Module, x: torch.Tensor, context: Callable) -> torch.Tensor:
-    """`checkpoint(block, x + 0, context_fn=context)`, with a failure cleaned up before it leaves.
+    """`checkpoint(block, x + 0, use_reentrant=False, context_fn=context)`, failures cleaned up.
 
     On torch 2.5 the non-reentrant checkpoint keeps its forward context (the policy's dispatch
     mode) in a generator that is closed only when the failed call's frames are collected. Closed
