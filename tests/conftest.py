@@ -13,6 +13,7 @@ import torch
 from support.fixtures import tiny_token_lm  # noqa: F401  (a fixture, shared with every test below)
 
 from helpers.core.device import seed_everything
+from helpers.core.scratch import private_tmpdir
 
 
 @pytest.fixture(autouse=True)
@@ -135,6 +136,12 @@ def _run_order(item: pytest.Item) -> tuple[int, int]:
     if item.path.suffix == ".ipynb":
         return (1, -int(name[:2]) if name[:2].isdigit() else 0)
     return (2, 0) if "slow" in item.keywords or "distributed" in item.keywords else (3, 0)
+
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every file a test, a kernel or a worker writes lands in this process's private temp folder."""
+    private_tmpdir()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -173,7 +173,7 @@ def _parseable(cell: str) -> str:
 def _imported(tree: ast.AST, package: str = "helpers") -> set[str]:
     """Dotted names of every module under `package` that `tree` imports (at any depth, lazily too).
 
-    `from helpers import plots, planner` names helpers.core.plots and helpers.planner when those are
+    `from helpers.core import plots, units` names helpers.core.plots and helpers.core.units when those are
     modules; `from helpers.lessons import lesson03` names helpers.lessons.lesson03.
     """
     found: set[str] = set()

@@ -1,6 +1,6 @@
 """Several processes: the rules workers keep, torchrun and the worker pool, DDP and FSDP2 measured.
 
-Imports: core, models, measure, techniques. `helpers.distributed.<name>` still reaches the DDP
+Imports: core, models, techniques. `helpers.distributed.<name>` still reaches the DDP
 instruments (`helpers.distributed.ddp`), the public path lessons and users import.
 """
 

@@ -1,4 +1,4 @@
 """`python -m helpers.review`: every claim of the explainer, checked live on this device (lesson 08).
 
-Imports: core, models, measure, techniques, frameworks.
+Imports: core, models, measure, techniques, distributed, frameworks, plan.
 """

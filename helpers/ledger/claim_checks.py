@@ -359,7 +359,7 @@ def _c_launches(lab: Lab) -> Evidence:
 
 
 def _c_state_floor(lab: Lab) -> Evidence:
-    planner = importlib.import_module("helpers.planner")
+    planner = importlib.import_module("helpers.plan.planner")
     memory_profile = importlib.import_module("helpers.measure.memory_profile")
     sweep = _sweep(lab)  # the profile reuses C05's measurements
     floor = next(iter(sweep.values())).floor_bytes

@@ -21,14 +21,16 @@ from helpers.core.device import (
     pick_scale,
     seed_everything,
 )
+from helpers.core.scratch import private_tmpdir
 
 
 def setup_lesson(seed: int = 0, *, tf32: bool | None = None) -> Lesson:
     """Pick the device and scale, seed everything, apply the plot style, and print the environment.
 
-    Prints the environment line, the memory cap when `LESSONS_GPU_MEMORY_GB` sets
-    one (applied here, on CUDA, to the caching allocator only; see `apply_memory_cap`),
-    and why the scale was picked. With `LESSONS_STRICT=1` (set by `make test`) any Python
+    Also points `tempfile` and `TMPDIR` at a private folder that goes when the kernel ends
+    (`helpers.core.scratch.private_tmpdir`). Prints the environment line, the memory cap when
+    `LESSONS_GPU_MEMORY_GB` sets one (applied here, on CUDA, to the caching allocator only; see
+    `apply_memory_cap`), and why the scale was picked. With `LESSONS_STRICT=1` (set by `make test`) any Python
     warning raised in the notebook becomes an error, so that no warning leaks into a lesson.
 
     Args:
@@ -40,6 +42,7 @@ def setup_lesson(seed: int = 0, *, tf32: bool | None = None) -> Lesson:
     Returns:
         The `Lesson`: device, scale, memory method, why that scale, and the memory cap.
     """
+    private_tmpdir()  # what the lesson and its workers write goes here, removed when the kernel ends
     device = pick_device()
     scale, why = pick_scale(device)
     cap = apply_memory_cap(device)

@@ -68,7 +68,7 @@ from helpers.measure.dispatch import OpObserver, _data_ptr, _freeze_gc, _storage
 from helpers.measure.held_outputs import output_tensors, saving_nodes
 from helpers.measure.timeline import CATEGORIES, Timeline, _Record, build_timeline
 
-__all__ = ["KernelBuffers", "MemoryTracker", "release_point"]
+__all__ = ["KernelBuffers", "MemoryTracker", "active_trackers", "release_point"]
 
 # kernel_buffers(func, args, kwargs, out) -> bytes the op allocates inside itself and frees before
 # returning, or (those bytes, bytes it leaves held until MemoryTracker.drop_held())
@@ -365,6 +365,11 @@ class MemoryTracker(OpObserver):
 
 _DEVICE_FLAGS = {"cpu": "is_cpu", "cuda": "is_cuda", "meta": "is_meta"}  # cheaper than t.device.type
 _ACTIVE: list[MemoryTracker] = []  # the trackers inside whose `with` block the code runs
+
+
+def active_trackers() -> tuple[MemoryTracker, ...]:
+    """The trackers inside whose `with` block the code runs now, innermost last (a snapshot)."""
+    return tuple(_ACTIVE)
 
 
 def release_point(outputs: object, loss: torch.Tensor | None = None) -> None:

@@ -40,7 +40,7 @@ import torch
 
 from helpers.measure.allocator import AllocatorRecord
 from helpers.measure.dispatch import op_facts, tensors_in
-from helpers.measure.tracker import _ACTIVE, KernelBuffers
+from helpers.measure.tracker import KernelBuffers, active_trackers
 
 __all__ = ["CPU_CHECK_BYTES", "attention_backward_buffer_bytes", "cpu_inside_bytes", "kernel_buffers",
            "meta_rng_module", "rng_states_counted"]
@@ -312,7 +312,7 @@ def rng_states_counted() -> Iterator[None]:
     def get_rng_state() -> torch.Tensor:
         state = original()
         made[0] += 1
-        for tracker in _ACTIVE:
+        for tracker in active_trackers():
             tracker.watch(state, "other")
         return state
 

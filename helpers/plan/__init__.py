@@ -1,4 +1,4 @@
 """`python -m helpers.plan`: any model's training memory planned for a card, from its meta profile.
 
-Imports: core, models, measure, meta, frameworks (and techniques).
+Imports: core, models, measure, meta, frameworks.
 """
