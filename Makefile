@@ -45,7 +45,7 @@ MATRIX  ?= .matrix
 # gpu-kit: the CPython version of the GPU machine the wheels are for (3.11 for a dry run here).
 KIT_PY  ?= 3.12
 
-.PHONY: setup lab check test lint unit distributed notebooks notebooks-tiny browser colab bench gpu gpu-kit \
+.PHONY: setup lab check test lint unit distributed notebooks notebooks-tiny browser test-loaded colab bench gpu gpu-kit \
 	test-matrix test-matrix-floor test-matrix-newest env-check mutate clean
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt scripts/install.py
@@ -93,6 +93,13 @@ notebooks-tiny: setup  ## every notebook under nbval at the tiny scale (lesson 0
 
 browser: setup  ## every lesson in JupyterLab + headless Chromium, at tiny: rendering, controls, sliders
 	$(PYTEST) -m browser tests
+
+test-loaded: setup  ## the browser test, then lesson 07 under nbval, each with a CPU-bound neighbour on a core
+	@$(VENV)/bin/python -c "while True: pass" & hog=$$!; trap "kill $$hog" EXIT; \
+	  start=$$(date +%s); $(PYTEST) -m browser tests || exit 1; mid=$$(date +%s); \
+	  $(HEADLESS) LESSONS_STRICT=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(NBVAL) \
+	    notebooks/07_data_parallel.ipynb || exit 1; end=$$(date +%s); \
+	  echo "with a neighbour: browser test $$((mid - start)) s, lesson 07 under nbval $$((end - mid)) s"
 
 colab: setup  ## the Colab simulation: a fresh Colab-like venv installs the helpers, lesson 01 runs
 	$(PYTEST) tests/test_colab.py

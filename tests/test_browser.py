@@ -341,7 +341,7 @@ def _run_lesson(pages: LabPage, name: str) -> LessonRun:
             run.sliders.append(_move_slider(page, sliders.nth(i)))
         SHOTS.mkdir(parents=True, exist_ok=True)
         if run.errors:  # show the first error rather than the last widget
-            errors.first.scroll_into_view_if_needed()
+            errors.first.evaluate(_SCROLL_JS)
         shot = SHOTS / f"{Path(name).stem}.png"
         page.screenshot(path=str(shot))
         run.screenshot = str(shot)
@@ -358,6 +358,10 @@ def _run_lesson(pages: LabPage, name: str) -> LessonRun:
     return run
 
 
+# Scroll without Playwright's wait for a stable box: outputs above the slider may still be growing.
+_SCROLL_JS = "e => e.scrollIntoView({block: 'center', inline: 'nearest'})"
+
+
 def _move_slider(page: object, slider: object) -> dict:
     """Press ArrowRight (ArrowLeft at the maximum) on a slider; report whether its output changed."""
     label = slider.locator(".widget-label").first.inner_text().strip()  # type: ignore[attr-defined]
@@ -369,8 +373,8 @@ def _move_slider(page: object, slider: object) -> dict:
         return result
     before = box.evaluate(_OUTPUT_JS)
     at_max = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
-    handle.scroll_into_view_if_needed()
-    handle.focus()
+    handle.evaluate(_SCROLL_JS)  # not scroll_into_view_if_needed: it waits for a layout that
+    handle.focus()                # a loaded machine keeps moving (lesson 08 timed out there at 30 s)
     start = time.perf_counter()
     handle.press("ArrowLeft" if at_max else "ArrowRight")
     try:
