@@ -25,29 +25,32 @@ import sys
 from types import SimpleNamespace
 
 TESTS = {
-    "helpers/measure/memory.py": "tests/test_memory.py tests/test_tracker.py",
-    "helpers/measure/tracker.py": "tests/test_tracker.py tests/test_memory.py",
-    "helpers/measure/dispatch.py": "tests/test_tracker.py tests/test_memory.py",
-    "helpers/measure/timeline.py": "tests/test_tracker.py tests/test_memory.py",
-    "helpers/techniques/accumulation.py": "tests/test_accumulation.py",
-    "helpers/techniques/tokens.py": "tests/test_tokens.py",
-    "helpers/techniques/token_loss.py": "tests/test_tokens.py",
-    "helpers/techniques/checkpointing.py": "tests/test_checkpointing.py tests/test_saved_tensors.py",
-    "helpers/techniques/segments.py": "tests/test_segments.py",
-    "helpers/plan/planner.py": "tests/test_planner.py",
-    "helpers/measure/memory_profile.py": "tests/test_planner.py tests/test_profiler_independent.py",
-    "helpers/plan/estimates.py": "tests/test_planner.py",
-    "helpers/distributed/ddp.py": "tests/test_distributed.py",
-    "helpers/distributed/fsdp.py": "tests/test_fsdp.py",
-    "helpers/measure/formulas.py": ("tests/test_formulas.py tests/test_phases.py tests/test_pitfalls.py "
-                            "tests/test_planner.py tests/test_saved_tensors.py "
+    "helpers/measure/memory.py": "tests/measure/test_memory.py tests/measure/test_tracker.py",
+    "helpers/measure/tracker.py": "tests/measure/test_tracker.py tests/measure/test_memory.py",
+    "helpers/measure/dispatch.py": "tests/measure/test_tracker.py tests/measure/test_memory.py",
+    "helpers/measure/timeline.py": "tests/measure/test_tracker.py tests/measure/test_memory.py",
+    "helpers/techniques/accumulation.py": "tests/techniques/test_accumulation.py",
+    "helpers/techniques/tokens.py": "tests/techniques/test_tokens.py",
+    "helpers/techniques/token_loss.py": "tests/techniques/test_tokens.py",
+    "helpers/techniques/checkpointing.py": ("tests/techniques/test_checkpointing.py "
+                                            "tests/techniques/test_saved_tensors.py"),
+    "helpers/techniques/segments.py": "tests/techniques/test_segments.py",
+    "helpers/plan/planner.py": "tests/plan/test_planner.py",
+    "helpers/measure/memory_profile.py": "tests/plan/test_planner.py tests/test_profiler_independent.py",
+    "helpers/plan/estimates.py": "tests/plan/test_planner.py",
+    "helpers/distributed/ddp.py": "tests/distributed/test_ddp.py",
+    "helpers/distributed/fsdp.py": "tests/distributed/test_fsdp.py",
+    "helpers/measure/formulas.py": ("tests/measure/test_formulas.py tests/techniques/test_phases.py "
+                            "tests/techniques/test_pitfalls.py "
+                            "tests/plan/test_planner.py tests/techniques/test_saved_tensors.py "
                             "tests/lessons/test_lesson01.py tests/lessons/test_lesson03.py "
                             "tests/lessons/test_lesson05.py"),
-    "helpers/techniques/saved_tensors.py": "tests/test_saved_tensors.py",
-    "helpers/techniques/phases.py": "tests/test_phases.py",
-    # the presets' exact peaks, against full profiles of the same configs (tests/test_plan_report.py)
-    "helpers/plan/peak_envelope.py": "tests/test_plan_report.py",
-    "helpers/techniques/update_memory.py": "tests/test_update_memory.py tests/test_formulas.py",
+    "helpers/techniques/saved_tensors.py": "tests/techniques/test_saved_tensors.py",
+    "helpers/techniques/phases.py": "tests/techniques/test_phases.py",
+    # the presets' exact peaks, against full profiles of the same configs (tests/plan/test_report.py)
+    "helpers/plan/peak_envelope.py": "tests/plan/test_report.py",
+    "helpers/techniques/update_memory.py": ("tests/techniques/test_update_memory.py "
+                                            "tests/measure/test_formulas.py"),
 }
 PYTEST = "-x -q -p no:cacheprovider --assert=plain"  # a verdict needs no rewritten asserts
 DISABLED_TYPES = ("fstring", "decorator")  # scripts/mutate.sh passes these to --disable-mutation-types

@@ -138,7 +138,6 @@ def _run_order(item: pytest.Item) -> tuple[int, int]:
     return (2, 0) if "slow" in item.keywords or "distributed" in item.keywords else (3, 0)
 
 
-
 def pytest_configure(config: pytest.Config) -> None:
     """Every file a test, a kernel or a worker writes lands in this process's private temp folder."""
     private_tmpdir()

@@ -189,3 +189,17 @@ def test_every_written_import_of_helpers_resolves() -> None:
                     broken.append(f"{path.relative_to(ROOT)}: from {module} import {name}")
     assert checked > 500, f"only {checked} imported names read"
     assert not broken, "\n".join(broken)
+
+
+def test_the_tests_mirror_the_packages() -> None:
+    """tests/<package>/test_<module>.py tests helpers/<package>/<module>.py, and file names are unique."""
+    mirrored = sorted((ROOT / "tests").glob("*/test_*.py"))
+    assert len(mirrored) > 50, f"only {len(mirrored)} test files in package folders"
+    for path in mirrored:
+        package, module = path.parent.name, path.stem[len("test_"):]
+        if package == "lessons":
+            continue  # lessons/test_lessonNN.py and lessons/test_protocol.py (the lesson protocol)
+        assert (HELPERS / package / f"{module}.py").is_file(), f"{path.relative_to(ROOT)}: no module to test"
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    shared = sorted({n for n in names if names.count(n) > 1})
+    assert not shared, f"test files share a name: {shared}"

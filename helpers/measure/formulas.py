@@ -1,6 +1,6 @@
 """Memory formulas the lessons check against measurement: parameter counts, activation bytes, peaks.
 
-Every formula here is validated against a measurement (tests/test_formulas.py and the lessons' check
+Every formula here is validated against a measurement (tests/measure/test_formulas.py and the lessons' check
 cells); the lessons' `predicted_peak_bytes(scale)` size their experiments with them.
 """
 
@@ -270,7 +270,7 @@ def predicted_step_peak_bytes(cfg: GPTConfig, n_seqs: int) -> int:
     sequence, lesson 01's validated activation formula
     (`helpers.measure.formulas.activation_bytes_per_example`) and the logits' gradient and
     log-softmax gradient (2 sV floats). Padded batches are at most this long, so
-    this bounds lesson 05's steps; tests/test_tokens.py checks it against the CPU
+    this bounds lesson 05's steps; tests/techniques/test_tokens.py checks it against the CPU
     tracker (`cpu-tracker`). Nothing is allocated.
     """
     positive_int("n_seqs", n_seqs)

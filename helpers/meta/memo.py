@@ -15,7 +15,7 @@ and afterwards answers the same call with fresh empty tensors of the recorded me
   device other than a 0-dim CPU scalar, or if an argument or output is of a kind it does not
   know: those ops run every time.
 
-The result is what the op's own meta kernel gives (`tests/test_meta_memo.py` compares whole
+The result is what the op's own meta kernel gives (`tests/meta/test_memo.py` compares whole
 profiles with and without the memo), so a profile is the same either way.
 """
 

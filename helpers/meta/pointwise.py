@@ -16,7 +16,7 @@ result for the plain cases in a few microseconds, following the fast path of PyT
 Anything else (an integer or bool tensor, a broadcast on both sides, a lead with tied or zero
 strides, an unexpected argument) returns None, and the caller runs the op itself. The result is an
 empty meta tensor: shape, dtype, strides and size are what the op's own meta kernel gives
-(`tests/test_meta_pointwise.py` compares them), so a profile is the same either way.
+(`tests/meta/test_pointwise.py` compares them), so a profile is the same either way.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ REMEDIES = (
 # checkpointing first" look opposed. They agree once the throughput of small micro-batches is part
 # of the rule: shrinking the micro-batch is free in FLOPs until it starts to idle the device. This is
 # the rule's only home: `recommend`'s reasons quote its steps, `helpers.review` quotes it in lesson
-# 08, and lessons 06 and 09 restate it word for word (tests/test_planner.py checks the notebooks).
+# 08, and lessons 06 and 09 restate it word for word (tests/plan/test_planner.py checks the notebooks).
 DECISION_RULE: tuple[str, ...] = (
     "Profile one update: the floor (weights + gradients + optimizer state), the activations per "
     "example, and the optimizer step's peak.",

@@ -546,7 +546,7 @@ def test_lessons_restate_the_refinements_word_for_word(notebook: str) -> None:
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "notebooks" / notebook
+    path = Path(__file__).resolve().parents[2] / "notebooks" / notebook
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     for note in planner.RULE_REFINEMENTS:
@@ -558,7 +558,7 @@ def test_lessons_restate_the_rule_word_for_word(notebook: str) -> None:
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "notebooks" / notebook
+    path = Path(__file__).resolve().parents[2] / "notebooks" / notebook
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     for step in (*planner.DECISION_RULE, planner.RULE_COROLLARY):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_meta_profile import MODELS
+from test_profiler import MODELS
 
 from helpers.meta.memo import MetaMemo
 from helpers.meta.profiler import Profiler

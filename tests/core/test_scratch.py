@@ -19,7 +19,7 @@ import pytest
 
 from helpers.core.scratch import PREFIX, private_tmpdir, remove_orphans
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 _RUN = """
 import os, signal, sys, tempfile, time

@@ -1,6 +1,6 @@
 """Tests for helpers.distributed (lesson 07): DDP gradients with accumulation, batch bookkeeping, the widget.
 
-The launchers themselves are tested in tests/test_launcher.py. Tests marked
+The launchers themselves are tested in tests/distributed/test_launcher.py. Tests marked
 `distributed` start real worker processes (gloo on CPU). Each has a deadline
 (SIGALRM), so a hung collective fails the test instead of hanging CI.
 """

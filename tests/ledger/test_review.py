@@ -11,7 +11,7 @@ from helpers.ledger import claim_lab, claims, review
 from helpers.ledger.claim_lab import Evidence
 from helpers.ledger.claims import Claim
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _claim(cid: str, run, needs: str = "") -> Claim:  # noqa: ANN001

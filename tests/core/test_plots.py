@@ -14,7 +14,7 @@ import pytest
 
 from helpers.core import plot_layout, plots, units
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Imports every helpers module in a fresh interpreter; prints what changed in matplotlib's
 # rcParams and whether torch's global RNG moved.

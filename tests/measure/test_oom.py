@@ -168,7 +168,7 @@ def test_lesson_00_states_the_decision_rule_word_for_word() -> None:
 
     from helpers.plan import planner
 
-    notebook = Path(__file__).resolve().parent.parent / "notebooks" / "00_start_here.ipynb"
+    notebook = Path(__file__).resolve().parents[2] / "notebooks" / "00_start_here.ipynb"
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     for step in (*planner.DECISION_RULE, planner.RULE_COROLLARY):
