@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import shutil
 import socket
@@ -527,5 +528,25 @@ def _execute(kc: object, code: str, timeout_s: float = 60) -> dict[str, str]:
         if msg["msg_type"] == "stream":
             streams[msg["content"]["name"]] += msg["content"]["text"]
         elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return streams
+            return _late_streams(kc, msg_id, streams)
     raise TimeoutError(f"no answer to {code!r} within {timeout_s:.0f} s")
+
+
+def _late_streams(kc: object, msg_id: str, streams: dict[str, str], grace_s: float = 5.0) -> dict[str, str]:
+    """Stream text that comes after the idle status: a kernel's output thread flushes on its own clock.
+
+    Under a full CI load the `print` of the cell after an interrupt once arrived after `idle`; read
+    on for a few seconds, while nothing has come, rather than call the output lost.
+    """
+    if streams["stdout"] or streams["stderr"]:
+        return streams
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            msg = kc.get_iopub_msg(timeout=0.2)  # type: ignore[attr-defined]
+        except queue.Empty:
+            continue
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            streams[msg["content"]["name"]] += msg["content"]["text"]
+            return streams
+    return streams

@@ -203,3 +203,64 @@ def test_the_tests_mirror_the_packages() -> None:
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     shared = sorted({n for n in names if names.count(n) > 1})
     assert not shared, f"test files share a name: {shared}"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """helpers module -> the helpers modules it imports (packages' __init__ files included)."""
+    graph: dict[str, set[str]] = {}
+    for path in HELPER_FILES:
+        module = _module_name(path)
+        graph[module] = {_target(imported, name) for imported, name in imports_of(path.read_text(), module)}
+        graph[module].discard(module)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while (top := stack.pop()) != node:
+                group.append(top)
+            group.append(node)
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    """Inside a package too, the modules form a DAG (a facade importing its home is an arrow, not a loop)."""
+    graph = _module_graph()
+    assert len(graph) > 80 and sum(map(len, graph.values())) > 150, "the graph reads too few imports"
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert not _circles(graph), f"circles: {_circles(graph)}"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "scripts").glob("*.py")), ids=lambda p: p.name)
+def test_scripts_use_only_public_names(path: Path) -> None:
+    """The scripts stand above every package, as users' code does: they import only public names.
+
+    Tests stand above every package too, and may check a lower module with a higher instrument
+    (lesson 01's formulas against the update-memory measurer): that is an independent check, not a
+    back arrow, so the level rule is not applied to them.
+    """
+    found = imports_of(path.read_text(), "scripts.x")
+    private = sorted(f"{m}.{n}" for m, n in found if n and n.startswith("_"))
+    assert not private, f"{path.name} imports private names {private}"
