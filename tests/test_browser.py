@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import re
 import shutil
 import socket
@@ -499,7 +498,9 @@ def test_a_forked_kernel_is_a_kernel_that_goes_with_its_client(lab: Lab,
         assert "from a forked kernel" in out["stderr"], out
         pid, cwd, torch_name = out["stdout"].split()
         assert (cwd, torch_name) == (str(lab.root), "torch"), out  # the client's folder; torch came preloaded
-        sleeping = kc.execute("import time\ntime.sleep(60)")
+        # stop_on_error=False: after a failed cell ipykernel aborts what reaches it within a short
+        # window, and on a loaded machine the next cell landed in it ('aborted', no output)
+        sleeping = kc.execute("import time\ntime.sleep(60)", stop_on_error=False)
         time.sleep(1)
         km.interrupt_kernel()
         reply = kc.get_shell_msg(timeout=30)  # within 30 s, not the cell's 60
@@ -528,25 +529,5 @@ def _execute(kc: object, code: str, timeout_s: float = 60) -> dict[str, str]:
         if msg["msg_type"] == "stream":
             streams[msg["content"]["name"]] += msg["content"]["text"]
         elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return _late_streams(kc, msg_id, streams)
-    raise TimeoutError(f"no answer to {code!r} within {timeout_s:.0f} s")
-
-
-def _late_streams(kc: object, msg_id: str, streams: dict[str, str], grace_s: float = 5.0) -> dict[str, str]:
-    """Stream text that comes after the idle status: a kernel's output thread flushes on its own clock.
-
-    Under a full CI load the `print` of the cell after an interrupt once arrived after `idle`; read
-    on for a few seconds, while nothing has come, rather than call the output lost.
-    """
-    if streams["stdout"] or streams["stderr"]:
-        return streams
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        try:
-            msg = kc.get_iopub_msg(timeout=0.2)  # type: ignore[attr-defined]
-        except queue.Empty:
-            continue
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-            streams[msg["content"]["name"]] += msg["content"]["text"]
             return streams
-    return streams
+    raise TimeoutError(f"no answer to {code!r} within {timeout_s:.0f} s")
