@@ -12,6 +12,7 @@ exists and a name it has.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.util
 import json
@@ -127,16 +128,23 @@ def test_the_rules_fail_on_a_forbidden_import() -> None:
     assert imports_of("from . import presets\n", "helpers.plan.report") == {("helpers.plan", "presets")}
 
 
-def _package_imports() -> dict[str, set[str]]:
-    """package -> the other packages its modules import."""
-    uses: dict[str, set[str]] = {package: set() for package in LEVEL}
+@functools.cache
+def _module_graph() -> dict[str, set[str]]:
+    """helpers module -> the helpers modules it imports (packages' __init__ files included)."""
+    graph: dict[str, set[str]] = {}
     for path in HELPER_FILES:
         module = _module_name(path)
+        graph[module] = {_target(imported, name) for imported, name in imports_of(path.read_text(), module)}
+        graph[module].discard(module)
+    return graph
+
+
+def _package_imports() -> dict[str, set[str]]:
+    """package -> the other packages its modules import (read off `_module_graph`)."""
+    uses: dict[str, set[str]] = {package: set() for package in LEVEL}
+    for module, targets in _module_graph().items():
         if (own := _package(module)) is not None:
-            for imported, name in imports_of(path.read_text(), module):
-                theirs = _package(_target(imported, name))
-                if theirs is not None and theirs != own:
-                    uses[own].add(theirs)
+            uses[own] |= {theirs for t in targets if (theirs := _package(t)) not in (None, own)}
     return uses
 
 
@@ -203,16 +211,6 @@ def test_the_tests_mirror_the_packages() -> None:
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     shared = sorted({n for n in names if names.count(n) > 1})
     assert not shared, f"test files share a name: {shared}"
-
-
-def _module_graph() -> dict[str, set[str]]:
-    """helpers module -> the helpers modules it imports (packages' __init__ files included)."""
-    graph: dict[str, set[str]] = {}
-    for path in HELPER_FILES:
-        module = _module_name(path)
-        graph[module] = {_target(imported, name) for imported, name in imports_of(path.read_text(), module)}
-        graph[module].discard(module)
-    return graph
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -10,11 +10,11 @@ process removes the folders of owners that no longer exist, so nothing outlives 
 
 from __future__ import annotations
 
-import atexit
 import os
 import re
 import shutil
 import tempfile
+from multiprocessing import util as mp_util
 from pathlib import Path
 
 __all__ = ["PREFIX", "private_tmpdir", "remove_orphans"]
@@ -28,9 +28,15 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # someone else's process: alive
+        pass
     return True
+
+
+def _owner(path: Path) -> int | None:
+    """The pid in a `ckpt-vs-accum-<pid>` folder's name (None for any other name)."""
+    match = re.fullmatch(rf"{PREFIX}(\d+)", path.name)
+    return int(match.group(1)) if match else None
 
 
 def remove_orphans(root: str | os.PathLike | None = None) -> list[Path]:
@@ -47,8 +53,8 @@ def remove_orphans(root: str | os.PathLike | None = None) -> list[Path]:
         raise ValueError(f"root={str(base)!r} is not a folder")
     removed = []
     for path in base.glob(f"{PREFIX}*"):
-        match = re.fullmatch(rf"{PREFIX}(\d+)", path.name)
-        if match and path.is_dir() and not _alive(int(match.group(1))):
+        owner = _owner(path)
+        if owner is not None and path.is_dir() and not _alive(owner):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
@@ -79,8 +85,8 @@ def private_tmpdir() -> Path:
     if pid in _OWNED and _OWNED[pid].is_dir():
         return _OWNED[pid]
     inherited = Path(tempfile.gettempdir())
-    owner = re.fullmatch(rf"{PREFIX}(\d+)", inherited.name)
-    if owner and inherited.is_dir() and _alive(int(owner.group(1))):
+    owner = _owner(inherited)
+    if owner is not None and inherited.is_dir() and _alive(owner):
         # a forked kernel or a child process: its parent owns this folder and removes it
         os.environ["TMPDIR"] = str(inherited)
         return inherited
@@ -92,5 +98,7 @@ def private_tmpdir() -> Path:
     _OWNED[pid] = path
     tempfile.tempdir = str(path)
     os.environ["TMPDIR"] = str(path)
-    atexit.register(_remove, pid, path)
+    # At exit, after multiprocessing has removed its own pymp-* folder inside this one (priority
+    # -100): removed first, that cleanup raised FileNotFoundError on the way out.
+    mp_util.Finalize(None, _remove, args=(pid, path), exitpriority=-101)
     return path

@@ -8,23 +8,23 @@ from __future__ import annotations
 
 import importlib
 
-_DDP_NAMES = frozenset({
-    "AllReduceCounter", "BatchSizes", "DDPGrad", "bn_model", "check_batch_sizes", "count_allreduces",
-    "ddp_accumulated_grad", "lesson_data", "replica_model", "mse_loss", "rank_shards",
-})
 _SUBMODULES = ("ddp", "fsdp", "launcher", "processes", "torchrun")
 
 
+def _ddp() -> object:
+    return importlib.import_module("helpers.distributed.ddp")
+
+
 def __getattr__(name: str) -> object:
-    """`helpers.distributed.<DDP name>` loads `helpers.distributed.ddp` on first use (workers that
-    import only `processes` or `torchrun` do not pay for it)."""
-    if name in _DDP_NAMES:
-        return getattr(importlib.import_module("helpers.distributed.ddp"), name)
+    """`helpers.distributed.<name>` for each name in `helpers.distributed.ddp.__all__`, loaded on
+    first use (workers that import only `processes` or `torchrun` do not pay for ddp)."""
     if name in _SUBMODULES:
         return importlib.import_module(f"helpers.distributed.{name}")
-    raise AttributeError(f"module 'helpers.distributed' has no attribute {name!r}; "
-                         f"it offers {sorted(_DDP_NAMES)} and the modules {list(_SUBMODULES)}")
+    if not name.startswith("_") and name in (ddp := _ddp()).__all__:  # private probes load nothing
+        return getattr(ddp, name)
+    raise AttributeError(f"module 'helpers.distributed' has no attribute {name!r}; it offers "
+                         f"helpers.distributed.ddp's public names and the modules {list(_SUBMODULES)}")
 
 
 def __dir__() -> list[str]:
-    return sorted(_DDP_NAMES | set(_SUBMODULES) | set(globals()))
+    return sorted({*_ddp().__all__, *_SUBMODULES, *globals()})
