@@ -3,7 +3,8 @@
 # copies of the repository (mutmut edits files in place; the working tree is never touched).
 # Prints the score per module and every surviving mutant (also written to .mutate/survivors.txt).
 # Not part of `make test`.
-#   MUTATE_MODULES="memory tokens"  limit the run to some modules (default: all below)
+#   MUTATE_MODULES="memory tokens"  limit the run to some modules: a module's name, or package/name
+#                                   (default: every file in scripts/mutmut_config.py TESTS)
 #   MUTATE_JOBS=N                   modules tested at once, each in its own copy (default: nproc)
 #   PY=path/to/python               the interpreter with torch, pytest, coverage, mutmut (.venv)
 # How it stays fast: one coverage run records which test executes which line
@@ -14,7 +15,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 case $PY in /*) ;; */*) PY=$ROOT/$PY ;; *) PY=$(command -v "$PY") ;; esac  # absolute: the run cds away
-MODULES=${MUTATE_MODULES:-memory tracker dispatch timeline accumulation token_loss tokens checkpointing segments planner memory_profile estimates distributed fsdp saved_tensors phases update_memory formulas peak_envelope}
+MODULES=${MUTATE_MODULES:-$(cd "$ROOT/scripts" && "$PY" -c 'import mutmut_config as c; print(" ".join(p[len("helpers/"):-3] for p in c.TESTS))')}
 JOBS=${MUTATE_JOBS:-$(nproc)}
 "$PY" -c "import mutmut, coverage" 2>/dev/null || { echo "mutmut or coverage is missing: run 'make mutate'"; exit 2; }
 
@@ -39,9 +40,13 @@ cd "$WORK/src"
 
 paths=""; tests=""
 for m in $MODULES; do
-    [ -f "helpers/$m.py" ] || { echo "no helpers/$m.py"; exit 2; }
-    paths="$paths helpers/$m.py"
-    tests="$tests $("$PY" -c "import mutmut_config as c; print(c.TESTS['helpers/$m.py'])")"
+    # "memory" or "measure/memory": the one helpers/<package>/<module>.py that TESTS names
+    path=$("$PY" -c "import sys, mutmut_config as c; m = sys.argv[1]
+found = [p for p in c.TESTS if p == f'helpers/{m}.py' or p.endswith(f'/{m}.py')]
+print(found[0] if len(found) == 1 else '')" "$m")
+    [ -n "$path" ] || { echo "$m: not one module of scripts/mutmut_config.py TESTS (a name, or package/name)"; exit 2; }
+    paths="$paths $path"
+    tests="$tests $("$PY" -c "import mutmut_config as c; print(c.TESTS['$path'])")"
 done
 tests=$(echo "$tests" | tr ' ' '\n' | sort -u | tr '\n' ' ')
 

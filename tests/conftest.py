@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from support.fixtures import tiny_token_lm  # noqa: F401  (a fixture, shared with every test below)
+from support.fixtures import hf, tiny_token_lm  # noqa: F401  (fixtures, shared with every test below)
 
 from helpers.core.device import seed_everything
 from helpers.core.scratch import private_tmpdir

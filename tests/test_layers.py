@@ -200,7 +200,8 @@ def test_every_written_import_of_helpers_resolves() -> None:
 
 
 def test_the_tests_mirror_the_packages() -> None:
-    """tests/<package>/test_<module>.py tests helpers/<package>/<module>.py, and file names are unique."""
+    """tests/<package>/test_<module>.py tests helpers/<package>/<module>.py, every module of a package
+    (lessons aside) has one, and file names are unique."""
     mirrored = sorted((ROOT / "tests").glob("*/test_*.py"))
     assert len(mirrored) > 50, f"only {len(mirrored)} test files in package folders"
     for path in mirrored:
@@ -208,6 +209,12 @@ def test_the_tests_mirror_the_packages() -> None:
         if package == "lessons":
             continue  # lessons/test_lessonNN.py and lessons/test_protocol.py (the lesson protocol)
         assert (HELPERS / package / f"{module}.py").is_file(), f"{path.relative_to(ROOT)}: no module to test"
+    modules = sorted(p for p in HELPERS.glob("*/*.py")
+                     if p.parent.name != "lessons" and p.stem not in ("__init__", "__main__"))
+    assert len(modules) > 50, f"only {len(modules)} modules in helpers' packages"
+    untested = [str(m.relative_to(ROOT)) for m in modules
+                if not (ROOT / "tests" / m.parent.name / f"test_{m.stem}.py").is_file()]
+    assert not untested, f"modules without their own tests/<package>/test_<module>.py: {untested}"
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     shared = sorted({n for n in names if names.count(n) > 1})
     assert not shared, f"test files share a name: {shared}"

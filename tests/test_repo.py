@@ -371,6 +371,23 @@ def test_judged_mutants_name_lines_that_exist() -> None:
     assert not stale, f"docs/mutants.md names lines no longer in the helpers: {stale[:5]}"
 
 
+def test_mutation_test_lists_name_files_that_exist() -> None:
+    """scripts/mutmut_config.py TESTS: each mutated module exists, and so does every test file listed
+    for it, its own (tests/<package>/test_<module>.py) among them."""
+    tree = ast.parse((ROOT / "scripts" / "mutmut_config.py").read_text())
+    (tests,) = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "TESTS" for t in node.targets)]
+    assert len(tests) > 20, f"only {len(tests)} mutated modules"
+    for module, files in tests.items():
+        path = ROOT / module
+        assert module.startswith("helpers/") and path.is_file(), f"TESTS names {module}: no such module"
+        listed = files.split()
+        missing = [f for f in listed if not (ROOT / f).is_file()]
+        assert not missing, f"TESTS[{module!r}] names test files that do not exist: {missing}"
+        own = f"tests/{path.parent.name}/test_{path.stem}.py"
+        assert own in listed, f"TESTS[{module!r}] leaves out the module's own test file {own}"
+
+
 def _plan_commands() -> list[tuple[str, str]]:
     """(where, command) for every `python -m helpers.plan ...` shown to a reader: the README, the
     markdown docs and the notebooks' markdown cells (a trailing backslash continues the line)."""

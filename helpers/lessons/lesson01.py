@@ -1,22 +1,15 @@
-"""Lesson 01's instruments (lesson 01): the explainer's memory budget, and the same table measured.
+"""Lesson 01 (notebooks/01_where_memory_goes.ipynb): the explainer's budget, and the same table measured.
 
-- `explainer_table()` is a calculator: from the explainer's inputs (model state,
-  overhead, activations per micro-batch) it rebuilds the three rows of its 24 GB table.
-- `lesson_sizes()` holds the micro-batch sizes the lesson measures. The model it
-  measures is the core's `helpers.models.gpt.explainer_model()` (sizes in
-  `explainer_config()`), with `helpers.core.training.lm_loss` and `make_optimizer`.
-- `measure_config()` runs one whole accumulation update (K micro-steps, then
-  the optimizer step) under `helpers.memory.measure_step`: a measured row of the table.
-  `drawn_budget()` turns the measured 8 x 4 peak into the budget line drawn beside it.
-- `activation_sweep()` measures the breakdown at several micro-batch sizes, and
-  `linear_fit()` checks that activations grow linearly with the micro-batch;
-  `activation_bytes_per_example()` and `predicted_update_peak_bytes()` are the formulas
-  the lesson checks against those measurements.
-- `saved_tensor_bytes()` counts what autograd saves, by the op that made it and its dtype
-  (for the half-precision section).
-- `show_update()` is the pure function behind the lesson's widget.
-- `check_exercise_1/2/3()` check the exercises' answers.
-- `predicted_peak_bytes()` and `widget_latency_cases()` are the per-lesson protocol.
+- The explainer's calculator: `explainer_table()` rebuilds its three 24 GB rows from
+  `EXPLAINER_INPUTS` (`budget_row`: one micro-batch's activations on top of the model state);
+  `drawn_budget()` turns the measured 8 x 4 peak into the budget line drawn beside them.
+- Sizes: `lesson_sizes(scale)`. The model is `helpers.models.gpt.explainer_model()`; the measuring
+  is `helpers.techniques.update_memory` (`measure_config`, `activation_sweep`) and the formulas
+  are `helpers.measure.formulas`.
+- Figures and the widget: `plot_measured_table`, `plot_peak_vs_steps`, `plot_saved_by_origin`,
+  `show_update` (one update's measured peak, as a bar).
+- Exercises: `check_exercise_1/2/3()`. Per-lesson protocol: `predicted_peak_bytes()`,
+  `widget_latency_cases()`.
 """
 
 from __future__ import annotations

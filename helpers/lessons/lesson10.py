@@ -36,21 +36,9 @@ from helpers.techniques.token_loss import count_valid_tokens, split_micro_batche
 from helpers.techniques.tokens import fixed_step, full_batch_step, naive_step
 
 __all__ = [
-    "BudgetExplorer",
-    "Sizes",
-    "check_exercise_1",
-    "check_exercise_2",
-    "check_exercise_3",
-    "check_exercise_4",
-    "gpt_config",
-    "lesson_sizes",
-    "lm_samples",
-    "loop_errors",
-    "plot_pareto",
-    "predicted_peak_bytes",
-    "show_accumulate",
-    "token_gpt_config",
-    "widget_latency_cases",
+    "BudgetExplorer", "Sizes", "check_exercise_1", "check_exercise_2", "check_exercise_3", "check_exercise_4",
+    "gpt_config", "lesson_sizes", "lm_samples", "loop_errors", "plot_pareto", "predicted_peak_bytes",
+    "show_accumulate", "token_gpt_config", "widget_latency_cases",
 ]
 
 SPREAD = 0.75  # lesson 05's length spread: lengths from 25% to 100% of max_len

@@ -36,7 +36,7 @@ def output_tensors(outputs: object) -> Iterator[torch.Tensor]:
 def _saved_by(node: object) -> Iterator[torch.Tensor]:
     """The tensors an autograd node saved for backward (empty once backward has freed them)."""
     names = [n for n in dir(node) if n.startswith("_saved_")]
-    if hasattr(node, "saved_tensors"):  # a custom autograd.Function
+    if "saved_tensors" in dir(node):  # a custom autograd.Function (hasattr raises once backward freed them)
         names.append("saved_tensors")
     for name in names:
         try:

@@ -65,6 +65,7 @@ from helpers.measure.tracker import MemoryTracker, release_point
 from helpers.meta.kernel_buffers import kernel_buffers, meta_rng_module, rng_states_counted
 from helpers.meta.memo import SHARED as SHARED_MEMO
 from helpers.meta.memo import MetaRunner
+from helpers.meta.model_profile import MODES, ModelProfile
 from helpers.meta.step_profile import StepProfile, _marks_blocks_done, _step_profile
 from helpers.meta.target_kernels import DEFAULT_CAPABILITY, _AutocastRule, _TargetKernels
 from helpers.models.nets import BlockWrapper
@@ -92,17 +93,8 @@ CHECKPOINTS = ("none", "blocks")
 
 
 # ---------------------------------------------------------------------------
-# The batch
-# ---------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------
-# Optimizers and checkpointing
-# ---------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------
-# The profiler (its record of one update, `StepProfile`, is in `helpers.meta.step_profile`)
+# The profiler (its record of one update, `StepProfile`, is in `helpers.meta.step_profile`; of a
+# model, `ModelProfile`, in `helpers.meta.model_profile`)
 # ---------------------------------------------------------------------------
 
 
@@ -301,3 +293,28 @@ class Profiler:
         """Lesson 06's `MemoryProfile` (floor, bytes per example, optimizer peak) from a few updates."""
         label = checkpoint if isinstance(checkpoint, str) else "custom wrapper"
         return fit_profile(lambda b: self.step(b, checkpoint=checkpoint), micro_batches, label=label)
+
+    def profile(self, checkpoint: str = "blocks") -> ModelProfile:
+        """The model's `ModelProfile`: what a plan reads, profiled once.
+
+        The "plain" mode always; with `checkpoint="blocks"` also the "checkpointed" one (every
+        block checkpointed). Each mode gets its fit from micro-batches 1 and 2 and its
+        one-example step; the record takes full steps of candidates through this profiler later.
+        """
+        choice("checkpoint", checkpoint, CHECKPOINTS)
+        modes = {"plain": MODES["plain"]} if checkpoint == "none" else dict(MODES)
+        profiles = {mode: self.memory_profile(ck, (1, 2)) for mode, ck in modes.items()}
+        steps = {mode: self.step(1, checkpoint=ck) for mode, ck in modes.items()}
+        # the per-tensor loop beside foreach needs a fresh build (a given module is not copied),
+        # made only if a plan asks for it (the record memoises its steps)
+        swap = self.impl == "foreach" and not isinstance(self.build, nn.Module)
+        return ModelProfile(
+            self.n_params, self.n_trainable, self.spec.describe(), self.trainable_spec.describe(),
+            self.optimizer_name, self.target, self.precision, self.capability, self.impl, profiles, steps,
+            take_step=lambda b, ck, k: self.step(b, checkpoint=ck, accumulation_steps=k),
+            take_per_tensor_step=self._per_tensor_step if swap else None)
+
+    def _per_tensor_step(self, micro_batch: int, checkpoint: str) -> StepProfile:
+        """This update with the per-tensor optimizer loop, on a fresh build of the same model."""
+        loop = dataclasses.replace(self, optimizer_impl="per-tensor")
+        return loop.step(micro_batch, checkpoint=checkpoint)

@@ -159,12 +159,15 @@ def param_count(cfg: ArchConfig) -> int:
     """
     h, d, kv, i = cfg.hidden_size, cfg.dim, cfg.kv_heads, cfg.intermediate_size
     q_out, kv_out = cfg.num_heads * d, kv * d
-    attn = h * (q_out + 2 * kv_out) + q_out * h + cfg.qkv_bias * (q_out + 2 * kv_out) + cfg.o_bias * h
+    # GPT-2's layers always carry biases (its Conv1D); the bias flags are the Llama family's
+    qkv_bias, o_bias, mlp_bias = ((cfg.qkv_bias, cfg.o_bias, cfg.mlp_bias) if cfg.llama_like
+                                  else (True, True, True))
+    attn = h * (q_out + 2 * kv_out) + q_out * h + qkv_bias * (q_out + 2 * kv_out) + o_bias * h
     if cfg.llama_like:
-        mlp, norms = 3 * h * i + cfg.mlp_bias * (2 * i + h), 2 * h
+        mlp, norms = 3 * h * i + mlp_bias * (2 * i + h), 2 * h
         extra = h  # the final RMSNorm
     else:
-        mlp, norms = 2 * h * i + cfg.mlp_bias * (i + h), 4 * h
+        mlp, norms = 2 * h * i + mlp_bias * (i + h), 4 * h
         extra = cfg.max_positions * h + 2 * h  # learned positions, final LayerNorm
     embeddings = cfg.vocab_size * h * (1 if cfg.tie_embeddings else 2)
     return cfg.num_layers * (attn + mlp + norms) + extra + embeddings

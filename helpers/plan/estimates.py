@@ -5,6 +5,8 @@
   `korthikanti_activation_bytes`) beside a measurement.
 - `remedy_floors` -> `RemedyFloor`s: what each state remedy leaves of the measured floor, per
   worker, with the caveat a remedy carries (`CAVEATS`).
+- `estimates_beside_ours`, `remedy_savings`: the same two read from a model's `ModelProfile`, for
+  the plan's report (`python -m helpers.plan`).
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from helpers.core.validate import choice, positive_int
+from helpers.core.validate import bool_arg, choice, positive_int
 from helpers.measure.formulas import korthikanti_activation_bytes
+from helpers.meta.model_profile import MODES, ModelProfile
 from helpers.models.gpt import GPTConfig
 
 __all__ = ["CAVEATS", "EIGHT_BIT", "FSDP", "MIXED_PRECISION", "MIXED_PRECISION_BYTES", "PURE_BF16",
-           "Estimate", "RemedyFloor", "popular_estimates", "remedy_floors"]
+           "Estimate", "RemedyFloor", "estimates_beside_ours", "popular_estimates", "remedy_floors",
+           "remedy_savings"]
 
 
 # -- The estimators people use, and the remedies for the floor -------------------------------------
@@ -164,3 +168,66 @@ def remedy_floors(parameters: int, gradients: int, optimizer_state: int,
         rows.append((f"optimizer state sharded over {w} workers (ZeRO-1)", p + g + s / w, ""))
         rows.append((f"persistent state sharded over {w} workers ({FSDP})", floor / w, CAVEATS[FSDP]))
     return [RemedyFloor(name, f, floor - f, caveat) for name, f, caveat in rows]
+
+
+_STATE_BYTES = {"sgd": 0, "sgd-momentum": 4, "adam": 8, "adamw": 8}  # fp32 optimizer state per parameter
+
+
+def estimates_beside_ours(profile: ModelProfile, micro_batch: int, *, exact: bool = True) -> dict[str, float]:
+    """The two counts people quote (weights only; model states only) beside ours, in bytes.
+
+    Ours is the peak of an update at `micro_batch` (K >= 2, no checkpointing): its full profile
+    with `exact`, else the fit's prediction.
+    """
+    b = positive_int("micro_batch", micro_batch)
+    n, optimizer = profile.n_params, profile.optimizer
+    ours = (profile.full_step(b, 2, False).peak_bytes if bool_arg("exact", exact)
+            else profile.profiles["plain"].predict_peak(b))
+    return {
+        "weights only (fp32, what loading tools count)": 4.0 * n,
+        f"model states only (weights + grads + {optimizer} state)": (8.0 + _STATE_BYTES[optimizer]) * n,
+        f"ours: profiled peak at micro-batch {b}": float(ours),
+    }
+
+
+def remedy_savings(profile: ModelProfile, micro_batch: int, mode: str = "plain", *,
+                   checkpointing: bool = True, exact: bool = True) -> dict[str, float]:
+    """What each remedy saves at `micro_batch`, in bytes, read from the profile.
+
+    Halving the micro-batch, checkpointing every block (when profiled), the state remedies of
+    `remedy_floors` (Adam only; 8 workers for the sharding rows) and, when the step of `mode`
+    binds at the optimizer and the profile can swap its foreach loop, what fused=True or
+    foreach=False saves (the per-tensor step's peak against foreach's). `checkpointing=False`
+    leaves the checkpoint row out (a plan that keeps checkpointing off). With `exact` the first
+    two rows compare full profiles of the updates (K >= 2); without it, the fits' predictions,
+    which miss where the binding phase moves between the fitted sizes and `micro_batch`.
+    """
+    b = positive_int("micro_batch", micro_batch)
+    choice("mode", mode, profile.modes)
+    checkpointing, exact = bool_arg("checkpointing", checkpointing), bool_arg("exact", exact)
+
+    def peak(size: int, checkpointed: bool) -> float:
+        if exact:
+            return profile.full_step(size, 2, checkpointed).peak_bytes
+        return profile.profiles["checkpointed" if checkpointed else "plain"].predict_peak(size)
+
+    out: dict[str, float] = {}
+    if b > 1:
+        halved = peak(b, False) - peak(b // 2, False)
+        out[f"micro-batch {b} -> {b // 2} (accumulate twice as many steps)"] = halved
+    if checkpointing and "checkpointed" in profile.profiles:
+        out[f"checkpoint every block (at micro-batch {b})"] = peak(b, False) - peak(b, True)
+    bd = profile.steps["plain"].optimizer_breakdown
+    p, g, s = bd["parameters"], bd["gradients"], bd["optimizer_state"]
+    if profile.optimizer in ("adam", "adamw") and min(p, g, s) > 0:
+        for row in remedy_floors(p, g, s, workers=(8,), precision=profile.precision):
+            if row.saving_bytes > 0:
+                out[row.remedy] = row.saving_bytes
+    if profile.profiles[mode].binding_phase(b) == "optimizer":
+        per_tensor = profile.per_tensor_step(b, MODES[mode])
+        if per_tensor is not None:
+            saving = profile.full_step(b, 2, mode == "checkpointed").peak_bytes - per_tensor.peak_bytes
+            if saving > 0:
+                out[f"fused=True Adam (estimate: the per-tensor step's peak, at micro-batch {b})"] = saving
+                out[f"foreach=False Adam (the per-tensor loop, at micro-batch {b})"] = saving
+    return out

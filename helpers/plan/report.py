@@ -1,8 +1,9 @@
 """A model's plan from its meta profile: the report `python -m helpers.plan` prints (lesson 09).
 
-- `plan_model(profiler, ...)` -> `PlanReport`: the profile of each phase, bytes per example, the
-  planner's choice for a budget (lesson 06's `helpers.planner.recommend`), the estimates people use
-  beside ours, and what each remedy saves. `PlanReport.table()` prints it, `to_dict()` is the `--json`.
+- `plan_model(profile, ...)` -> `PlanReport`: from a model's `ModelProfile` (read once), the profile
+  of each phase, bytes per example, the planner's choice for a budget (lesson 06's
+  `helpers.planner.recommend`), the estimates people use beside ours, and what each remedy saves.
+  `PlanReport.table()` prints it, `to_dict()` is the `--json`.
 - `reported_card_bytes`, `margin_line`: the card a budget stands for, and the CUDA margin.
 """
 
@@ -13,14 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 from helpers.core.units import format_bytes
 from helpers.core.validate import ArgTypeError, choice, number_in_range, positive_number
 from helpers.measure.memory_profile import MemoryProfile
+from helpers.meta.model_profile import ModelProfile
 from helpers.meta.profiler import CHECKPOINTS, PURE_BF16_WARNING, Profiler
 from helpers.meta.step_profile import StepProfile
-from helpers.plan.estimates import CAVEATS, remedy_floors
+from helpers.plan.estimates import CAVEATS, estimates_beside_ours, remedy_savings
 from helpers.plan.planner import Plan, recommend
 from helpers.plan.presets import DEFAULT_CUDA_MARGIN, GB
 
@@ -251,51 +252,6 @@ class PlanReport:
         return "\n".join(lines)
 
 
-def _estimates(n_params: int, optimizer: str, profile: MemoryProfile, b: int) -> dict[str, float]:
-    state = {"sgd": 0, "sgd-momentum": 4, "adam": 8, "adamw": 8}[optimizer]
-    return {
-        "weights only (fp32, what loading tools count)": 4.0 * n_params,
-        f"model states only (weights + grads + {optimizer} state)": (8.0 + state) * n_params,
-        f"ours: profiled peak at micro-batch {b}": float(profile.predict_peak(b)),
-    }
-
-
-def _remedies(
-    steps: dict[str, StepProfile], profiles: dict[str, MemoryProfile], b: int, optimizer: str,
-    precision: str = "fp32",
-) -> dict[str, float]:
-    plain = profiles["plain"]
-    out = {}
-    if b > 1:
-        out[f"micro-batch {b} -> {b // 2} (accumulate twice as many steps)"] = plain.predict_peak(
-            b
-        ) - plain.predict_peak(b // 2)
-    if "checkpointed" in profiles:
-        out[f"checkpoint every block (at micro-batch {b})"] = plain.predict_peak(b) - profiles[
-            "checkpointed"
-        ].predict_peak(b)
-    bd = steps["plain"].optimizer_breakdown
-    p, g, s = bd["parameters"], bd["gradients"], bd["optimizer_state"]
-    if optimizer in ("adam", "adamw") and min(p, g, s) > 0:
-        for row in remedy_floors(p, g, s, workers=(8,), precision=precision):
-            if row.saving_bytes > 0:
-                out[row.remedy] = row.saving_bytes
-    return out
-
-
-def _optimizer_remedies(profiler: Profiler, b: int, checkpoint: str) -> dict[str, float]:
-    """Where the optimizer step binds: what fused=True or foreach=False saves (profiled per tensor)."""
-    per_tensor = Profiler(profiler.build, profiler.spec, profiler.optimizer_name, target=profiler.target,
-                          precision=profiler.precision, trainable=profiler.trainable,
-                          capability=profiler.capability, optimizer_impl="per-tensor")
-    saving = (profiler.step(b, checkpoint=checkpoint).peak_bytes
-              - per_tensor.step(b, checkpoint=checkpoint).peak_bytes)
-    if saving <= 0:
-        return {}
-    return {f"fused=True Adam (estimate: the per-tensor step's peak, at micro-batch {b})": saving,
-            f"foreach=False Adam (the per-tensor loop, at micro-batch {b})": saving}
-
-
 def _plan(profiles: dict[str, MemoryProfile], usable: float, effective_batch: int,
           min_micro_batch: int, verify: Callable[[int, int, bool], int] | None) -> tuple[Plan | None, str]:
     """The planner's choice for these profiles (each candidate checked by `verify`), or None and why not."""
@@ -320,7 +276,7 @@ def cpu_threads_note() -> str:
 
 
 def plan_model(
-    profiler: Profiler,
+    profile: ModelProfile | Profiler,
     *,
     name: str,
     budget_bytes: float,
@@ -330,10 +286,11 @@ def plan_model(
     min_micro_batch: int = 1,
     check: bool = True,
 ) -> PlanReport:
-    """Profile `profiler`'s model on meta and plan it for a budget (lesson 06's rule).
+    """Plan a model for a budget (lesson 06's rule) from its meta profile, read once.
 
-    `checkpoint="blocks"` lets the planner checkpoint every block when nothing fits
-    without it; "none" keeps it off. For a CUDA target the planner keeps
+    `profile` is the model's `ModelProfile` (`Profiler.profile(checkpoint)`), or a `Profiler`,
+    which is asked for it. `checkpoint="blocks"` lets the planner checkpoint every block when
+    nothing fits without it; "none" keeps it off. For a CUDA target the planner keeps
     `cuda_margin` (a fraction) of the budget free for what tensors do not show: the
     CUDA context, cuBLAS/cuDNN workspaces and the caching allocator's fragmentation.
     With `check`, every candidate the fit says fits is profiled again in full before it is
@@ -343,49 +300,45 @@ def plan_model(
     for the explainer's loop as written; `released_peak_bytes` is the same configuration
     with `del predictions` after the loss.
     """
-    if not isinstance(profiler, Profiler):
-        raise ArgTypeError(f"profiler must be a helpers.meta_profile.Profiler, got {type(profiler).__name__}")
+    start = time.perf_counter()
     choice("checkpoint", checkpoint, CHECKPOINTS)
+    if isinstance(profile, Profiler):
+        profile = profile.profile(checkpoint)
+    if not isinstance(profile, ModelProfile):
+        raise ArgTypeError("profile must be a helpers.meta.model_profile.ModelProfile or a "
+                           f"helpers.meta_profile.Profiler, got {type(profile).__name__}")
+    if checkpoint != "none" and "checkpointed" not in profile.modes:
+        raise ValueError(f"checkpoint={checkpoint!r} needs a profile with the checkpointed mode, got modes "
+                         f"{profile.modes}: make it with Profiler.profile('blocks'), or plan with "
+                         "checkpoint='none'")
     budget = positive_number("budget_bytes", budget_bytes)
     margin = number_in_range("cuda_margin", cuda_margin, 0.0, 1.0, high_open=True)
-    usable = budget * (1 - margin) if profiler.target == "cuda" else budget
-    start = time.perf_counter()
-    modes = {"plain": "none"} if checkpoint == "none" else {"plain": "none", "checkpointed": "blocks"}
-    profiles, steps = {}, {}
-    for mode, ck in modes.items():
-        profiles[mode] = profiler.memory_profile(ck, (1, 2))
-        steps[mode] = profiler.step(1, checkpoint=ck)
-    full_steps: dict[tuple[int, int, bool], StepProfile] = {}
+    usable = budget * (1 - margin) if profile.target == "cuda" else budget
+    profiles = {m: p for m, p in profile.profiles.items() if checkpoint != "none" or m == "plain"}
+    steps = {m: profile.steps[m] for m in profiles}
 
     def verify(b: int, k: int, ckpt: bool) -> int:
         """The candidate profiled in full (K >= 2 stands for any K >= 2): the plan never goes below it."""
-        key = (b, min(k, 2), ckpt)
-        if key not in full_steps:
-            full_steps[key] = profiler.step(b, checkpoint="blocks" if ckpt else "none",
-                                            accumulation_steps=key[1])
-        return full_steps[key].peak_bytes
+        return profile.full_step(b, k, ckpt).peak_bytes
 
     plan, refusal = _plan(profiles, usable, effective_batch, min_micro_batch, verify if check else None)
     checked, released = None, None
     if plan is not None and check:
-        full = full_steps[plan.micro_batch, min(plan.accumulation_steps, 2), plan.checkpoint]
+        full = profile.full_step(plan.micro_batch, plan.accumulation_steps, plan.checkpoint)
         checked, released = full.peak_bytes, full.released.peak_bytes if full.released else None
     if plan is not None and not check:
         k = plan.accumulation_steps
         released = profiles["checkpointed" if plan.checkpoint else "plain"].predict_peak(
             plan.micro_batch, accumulation_steps=k, keep_output=False)
     b = plan.micro_batch if plan is not None else 1
-    remedies = _remedies(steps, profiles, b, profiler.optimizer_name, profiler.precision)
     mode = ("checkpointed" if (plan is None or plan.checkpoint) and "checkpointed" in profiles
             else "plain")
-    if (profiler.impl == "foreach" and callable(profiler.build) and not isinstance(profiler.build, nn.Module)
-            and profiles[mode].binding_phase(b) == "optimizer"):
-        remedies.update(_optimizer_remedies(profiler, b, "blocks" if mode == "checkpointed" else "none"))
+    remedies = remedy_savings(profile, b, mode, checkpointing="checkpointed" in profiles, exact=check)
     kernels = tuple(sorted({k for s in steps.values() for k in s.kernels}))
-    notes = [PURE_BF16_WARNING] if profiler.precision == "pure-bf16" else []
-    if profiler.target == "cuda":
+    notes = [PURE_BF16_WARNING] if profile.precision == "pure-bf16" else []
+    if profile.target == "cuda":
         notes.append(
-            f"CUDA target (sm{profiler.capability}): attention assumed {', '.join(kernels) or 'absent'} "
+            f"CUDA target (sm{profile.capability}): attention assumed {', '.join(kernels) or 'absent'} "
             "(PyTorch's CUDA SDPA order: flash for fp16/bf16 without a mask on sm80 and later, which also "
             "takes grouped-query attention with enable_gqa; else memory-efficient, or math for "
             "grouped-query attention; with a mask Transformers expands K and V first, and the copies are "
@@ -402,17 +355,17 @@ def plan_model(
             "fp32 row sums, and fp32 dq, dk, dv accumulators for 16-bit inputs "
             "(helpers.meta.kernel_buffers.attention_backward_buffer_bytes)"
         )
-    if profiler.target == "cpu":
+    if profile.target == "cpu":
         notes.append(cpu_threads_note())
-    if profiler.optimizer_name in ("adam", "adamw"):
+    if profile.optimizer in ("adam", "adamw"):
         notes.extend(f"{name}: {caveat}" for name, caveat in CAVEATS.items())
     return PlanReport(
         name,
-        profiler.n_params,
-        profiler.spec.describe(),
-        profiler.optimizer_name,
-        profiler.target,
-        profiler.precision,
+        profile.n_params,
+        profile.batch,
+        profile.optimizer,
+        profile.target,
+        profile.precision,
         kernels,
         steps,
         profiles,
@@ -422,11 +375,11 @@ def plan_model(
         plan,
         refusal,
         checked,
-        _estimates(profiler.n_params, profiler.optimizer_name, profiles["plain"], b),
+        estimates_beside_ours(profile, b, exact=check),
         remedies,
         time.perf_counter() - start,
         notes,
         released,
-        profiler.n_trainable,
-        profiler.trainable_spec.describe(),
+        profile.n_trainable,
+        profile.trainable,
     )

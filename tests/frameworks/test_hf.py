@@ -1,4 +1,7 @@
-"""helpers.frameworks.hf: models from configs, the checkpointing switch, the Trainer against the loop.
+"""helpers.frameworks.hf: the checkpointing switch, the Trainer against the loop.
+
+The models from configs and their batches (`helpers.frameworks.hf_models`) are tested in
+`tests/frameworks/test_hf_models.py`.
 
 Models and K here differ from the lesson's (GPT-2 and Llama at other sizes, K = 2 and 3), so a
 Trainer that matched only the lesson's setting would fail. Nothing is downloaded (HF_HUB_OFFLINE).
@@ -10,7 +13,7 @@ import os
 
 import pytest
 import torch
-from support import transformers_oracles
+from support.fixtures import HF_SIZES
 
 from helpers.core.training import IGNORE_INDEX
 from helpers.frameworks import hf_models, installed
@@ -20,58 +23,21 @@ from helpers.techniques.token_loss import variable_length_sequences
 CI = os.environ.get("CI", "").lower() == "true"
 pytestmark = pytest.mark.skipif(bool(installed.missing("transformers", "accelerate")) and not CI,
                                 reason="needs the frameworks extra (transformers, accelerate)")
-SIZES = dict(vocab_size=48, hidden=24, layers=2, heads=2, max_len=12)
-
-
-@pytest.fixture(scope="module")
-def hf():
-    installed.timed_import("transformers")
-    from helpers.frameworks import hf as module
-
-    return module
 
 
 def _rows(hf, n: int, seed: int = 3) -> list[dict[str, torch.Tensor]]:
-    samples = variable_length_sequences(n, SIZES["max_len"], SIZES["vocab_size"], spread=0.8, seed=seed)
+    samples = variable_length_sequences(n, HF_SIZES["max_len"], HF_SIZES["vocab_size"], spread=0.8, seed=seed)
     return hf_models.training_rows(samples)
-
-
-def test_collate_pads_each_micro_batch_and_labels_padding(hf) -> None:
-    rows = [{"input_ids": torch.tensor([5, 6, 7])}, {"input_ids": torch.tensor([8])}]
-    batch = hf_models.collate(rows)
-    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
-    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
-    assert batch["labels"].tolist() == [[5, 6, 7], [8, IGNORE_INDEX, IGNORE_INDEX]]
-    masked = hf_models.collate(rows, mask_first=True)["labels"]
-    assert masked[:, 0].tolist() == [IGNORE_INDEX, IGNORE_INDEX] and masked[0, 1:].tolist() == [6, 7]
-    assert hf_models.predicted_tokens([batch]) == 2 == int((masked != IGNORE_INDEX).sum())
-    with pytest.raises(ValueError, match="rows is empty"):
-        hf_models.collate([])
-    with pytest.raises(ValueError, match="micro_batch"):
-        hf_models.micro_batches(rows, 3)
-
-
-def test_models_come_from_configs_with_dropout_off(hf) -> None:
-    state = torch.random.get_rng_state()
-    a, b = hf_models.causal_lm("gpt2", seed=1, **SIZES), hf_models.causal_lm("gpt2", seed=1, **SIZES)
-    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's random stream is untouched
-    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
-    assert a.training and set(transformers_oracles.dropout_settings(a).values()) == {0.0}
-    assert not a.config.use_cache
-    with pytest.raises(ValueError, match="kind='bert' is not allowed"):
-        hf_models.causal_lm_config("bert")
-    with pytest.raises(ValueError, match="divisible"):
-        hf_models.causal_lm_config("llama", hidden=10, heads=4)
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_the_switch_is_our_checkpoint_on_every_layer(hf, kind: str) -> None:
-    model = hf_models.causal_lm(kind, **SIZES)
+    model = hf_models.causal_lm(kind, **HF_SIZES)
     batch = hf_models.micro_batches(_rows(hf, 3), 3)[0]
     plain, (loss0, g0) = hf.saved_bytes(model, batch), hf.loss_and_grad(model, batch)
     with hf.checkpointed_by_hand(model) as n:
         ours, (loss1, g1) = hf.saved_bytes(model, batch), hf.loss_and_grad(model, batch)
-    assert n == SIZES["layers"] and "forward" not in vars(hf.decoder_layers(model)[0])  # restored on exit
+    assert n == HF_SIZES["layers"] and "forward" not in vars(hf.decoder_layers(model)[0])  # restored on exit
     hf.enable_checkpointing(model, reentrant=False)
     lib, (loss2, g2) = hf.saved_bytes(model, batch), hf.loss_and_grad(model, batch)
     assert lib == ours < plain / 2, (plain, ours, lib)
@@ -84,7 +50,7 @@ def test_reentrant_trap_needs_the_input_grad_hook(hf) -> None:
     batch = hf_models.micro_batches(_rows(hf, 2), 2)[0]
     results = {}
     for reentrant in (False, True):
-        model = hf_models.causal_lm("llama", **SIZES)
+        model = hf_models.causal_lm("llama", **HF_SIZES)
         model.get_input_embeddings().requires_grad_(False)
         hf.enable_checkpointing(model, reentrant=reentrant)
         model.disable_input_require_grads()
@@ -102,11 +68,11 @@ def test_reentrant_trap_needs_the_input_grad_hook(hf) -> None:
 def test_trainer_matches_the_group_token_count_loop(hf, tmp_path, kind: str, micro_batch: int, k: int,
                                                     mask_first: bool) -> None:
     rows = _rows(hf, micro_batch * k, seed=11)
-    loop = hf_models.causal_lm(kind, seed=2, **SIZES)
+    loop = hf_models.causal_lm(kind, seed=2, **HF_SIZES)
     start = hf.snapshot(loop)
     hf.group_token_step(loop, hf_models.micro_batches(rows, micro_batch, mask_first=mask_first))
     torch.optim.SGD(loop.parameters(), lr=0.3).step()
-    update = hf.trainer_update(hf_models.causal_lm(kind, seed=2, **SIZES), rows, micro_batch=micro_batch,
+    update = hf.trainer_update(hf_models.causal_lm(kind, seed=2, **HF_SIZES), rows, micro_batch=micro_batch,
                                accumulation_steps=k, learning_rate=0.3, output_dir=str(tmp_path),
                                mask_first=mask_first)
     diff = compare_grads(hf.parameter_change(loop, start), update)
@@ -115,12 +81,12 @@ def test_trainer_matches_the_group_token_count_loop(hf, tmp_path, kind: str, mic
 
 def test_gpt2_count_includes_each_rows_first_label_or_is_fixed(hf, tmp_path) -> None:
     rows = _rows(hf, 6, seed=12)
-    loop = hf_models.causal_lm("gpt2", **SIZES)
+    loop = hf_models.causal_lm("gpt2", **HF_SIZES)
     start = hf.snapshot(loop)
     group = hf_models.micro_batches(rows, 2)
     hf.group_token_step(loop, group)
     torch.optim.SGD(loop.parameters(), lr=0.3).step()
-    model = hf_models.causal_lm("gpt2", **SIZES)
+    model = hf_models.causal_lm("gpt2", **HF_SIZES)
     update = hf.trainer_update(model, rows, micro_batch=2, accumulation_steps=3, learning_rate=0.3,
                                output_dir=str(tmp_path))
     ratio = compare_grads(hf.parameter_change(loop, start), update).norm_ratio
@@ -146,7 +112,7 @@ def test_comparison_arguments_switch_off_what_hides_the_comparison(hf, tmp_path)
 
 
 def test_parameter_change_checks_its_snapshot(hf) -> None:
-    model = hf_models.causal_lm("gpt2", **SIZES)
+    model = hf_models.causal_lm("gpt2", **HF_SIZES)
     start = hf.snapshot(model)
     assert float(hf.parameter_change(model, start).abs().max()) == 0.0
     with pytest.raises(ValueError, match="start holds 1 tensors"):

@@ -4,27 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.profiles import CKPT, PLAIN
 
 from helpers.lessons import lesson06
 from helpers.measure.memory import run_capped
-from helpers.measure.memory_profile import MemoryProfile
 from helpers.techniques.phases import UpdateMeasurer
 
 CPU = torch.device("cpu")
-MiB = 2**20
-
-
-def _profile(**changes: float) -> MemoryProfile:
-    """A hand-made profile: floor 100 MiB, 10 MiB per example, optimizer step at 110 MiB."""
-    base = dict(floor_bytes=100 * MiB, gradient_bytes=25 * MiB, other_bytes=2 * MiB,
-                other_bytes_per_example=0.0, activation_bytes_per_example=10 * MiB,
-                activation_intercept_bytes=0.0, optimizer_peak_bytes=110 * MiB,
-                optimizer_bytes_per_example=0.0, method="cpu-tracker")
-    return MemoryProfile(**{**base, **changes})
-
-
-PLAIN = _profile()
-CKPT = _profile(activation_bytes_per_example=2 * MiB, label="checkpointed")
 
 
 def test_run_capped_needs_cuda() -> None:

@@ -1,8 +1,12 @@
-"""helpers.measure.tracker: the pure timeline builder, and nested trackers sharing one gc freeze."""
+"""helpers.measure.tracker: what the tracker counts, by category, against storages counted by hand.
+
+The pure timeline builder (`helpers.measure.timeline`) is tested in `tests/measure/test_timeline.py`,
+the dispatch base and the gc freeze nested trackers share (`helpers.measure.dispatch`) in
+`tests/measure/test_dispatch.py`.
+"""
 
 from __future__ import annotations
 
-import gc
 import math
 
 import pytest
@@ -10,27 +14,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from helpers.measure.dispatch import _GcFreeze
-from helpers.measure.timeline import _Record, build_timeline
 from helpers.measure.tracker import MemoryTracker
-
-
-def test_build_timeline_from_known_lifetimes() -> None:
-    ops = ["start", "a", "b", "c", "d"]
-    records = [
-        _Record(nbytes=100, born=1, died=3, phase="forward"),  # activation alive after ops 1..3
-        _Record(nbytes=10, born=2, died=math.inf, role="gradients"),  # still alive at the end
-        _Record(nbytes=7, born=2, died=2, phase="backward"),  # a backward temporary, freed at once
-        _Record(nbytes=0, born=0, role="other", phase="before"),  # a pre-existing storage: not counted
-        _Record(nbytes=5, born=3, died=4, phase="recompute"),  # checkpoint's recompute: an activation
-    ]
-    tl = build_timeline(records, ops, ["start", "forward", "backward", "backward", "optimizer"], [(2, "m")])
-    assert tl.series["activations"] == [0, 100, 100, 105, 5]
-    assert tl.series["gradients"] == [0, 0, 10, 10, 10]
-    assert tl.series["other"] == [0, 0, 7, 0, 0]
-    assert tl.series["parameters"] == tl.series["optimizer_state"] == [0] * 5
-    assert tl.total == [0, 100, 117, 115, 15]
-    assert tl.peak_index == 2 and tl.at(2)["other"] == 7 and tl.marks == [(2, "m")]
 
 
 def test_tracker_counts_a_view_once_and_sees_it_freed() -> None:
@@ -41,19 +25,6 @@ def test_tracker_counts_a_view_once_and_sees_it_freed() -> None:
         del x, views
         freed = tracker.mark("freed")
     assert live == 1024 and freed == 0
-
-
-def test_nested_trackers_keep_the_outer_freeze() -> None:
-    frozen_before = gc.get_freeze_count()
-    assert _GcFreeze.depth == 0
-    with MemoryTracker():
-        outer = gc.get_freeze_count()
-        with MemoryTracker():
-            assert _GcFreeze.depth == 2
-        assert _GcFreeze.depth == 1
-        assert gc.get_freeze_count() == outer > 0  # the inner exit did not unfreeze the outer region
-    assert _GcFreeze.depth == 0
-    assert gc.get_freeze_count() <= frozen_before
 
 
 def test_categories_of_a_hand_built_step() -> None:
@@ -193,11 +164,6 @@ def test_a_model_without_parameters_is_tracked_on_the_cpu() -> None:
     assert tracker.device_type == "cpu" and live == 40 and y.sum() == 10
 
 
-def test_records_default_to_forward_activations() -> None:
-    tl = build_timeline([_Record(nbytes=1, born=1)], ["start", "op"], ["start", "forward"], [])
-    assert tl.series["activations"] == [0, 1] and tl.marks == []  # a one-byte storage (a bool) counts
-
-
 def test_gradients_freed_inside_the_region_stay_gradients() -> None:
     """Two micro-steps with zero_grad(set_to_none=True) between: the first step's .grad dies
     inside the region, so only the post-accumulate-grad hook can have claimed it."""
@@ -319,20 +285,3 @@ def test_watch_counts_a_tensor_made_outside_any_op_on_any_device() -> None:
         tracker.watch(state, "weights")
 
 
-def test_op_observer_sees_each_op_after_it_ran() -> None:
-    from helpers.measure.dispatch import OpObserver
-
-    class Seen(OpObserver):
-        def __init__(self) -> None:
-            super().__init__()
-            self.seen: list[tuple[str, tuple[int, ...]]] = []
-
-        def observe(self, func, args, kwargs, out) -> None:  # noqa: ANN001
-            assert self.window[0] <= self.window[1]
-            self.seen.append((func.overloadpacket.__name__, tuple(out.shape)))
-
-    x = torch.ones(2, 3)
-    with Seen() as seen:
-        y = (x @ x.T).relu()  # the transpose is one op (its name varies by torch version), then mm, relu
-    assert [op for op, _ in seen.seen][-2:] == ["mm", "relu"] and seen.seen[-1][1] == (2, 2)
-    assert torch.equal(y, torch.full((2, 2), 3.0))  # results pass through unchanged

@@ -1,10 +1,13 @@
-"""helpers.models.architectures: the released models' parameter counts, and the same memory as Transformers.
+"""helpers.models.architectures: the same function and the same memory as Transformers.
 
 The independent reference is Transformers itself: the same config built by
 `AutoModelForCausalLM.from_config` (random weights), profiled on meta and run for real on the CPU
 (the allocator's record), per category, in fp32 and bf16 autocast, plain and checkpointed, K = 1
-and K = 2. Published parameter counts are the releases' own. Under CI=true a missing Transformers
-fails these tests instead of skipping them.
+and K = 2. Under CI=true a missing Transformers fails these tests instead of skipping them.
+
+The released configs' parameter counts and checks (`helpers.models.architecture_config`) are tested
+in `tests/models/test_architecture_config.py`, the layers and a block's activations
+(`helpers.models.architecture_layers`) in `tests/models/test_architecture_layers.py`.
 """
 
 from __future__ import annotations
@@ -15,35 +18,20 @@ import os
 
 import pytest
 import torch
-from support.blocks import block_activation_bytes
+from support.architectures import SMALL
 from support.transformers_oracles import copy_transformers_weights, hf_dict
 
 from helpers.core.data import BatchSpec
 from helpers.meta.profiler import Profiler
 from helpers.models import architecture_layers as layers
-from helpers.models.architecture_config import PUBLISHED_PARAMETERS, RELEASED, ArchConfig, param_count
+from helpers.models.architecture_config import ArchConfig
 from helpers.models.architectures import CausalLM, released
-from helpers.models.gpt import GPTConfig
 from helpers.plan.hf_configs import transformers_causal_lm, transformers_missing
 
 CI = os.environ.get("CI", "").lower() == "true"
 needs_transformers = pytest.mark.skipif(
     transformers_missing() and not CI, reason="needs Transformers (pip install 'ckpt-vs-accum[frameworks]')")
 
-_ROPE3 = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
-          ("original_max_position_embeddings", 64), ("rope_type", "llama3"))
-# One small config per family: grouped-query attention (llama, mistral, qwen2), Llama 3's rope bands,
-# Mistral's sliding-window mask (the 32-token batches reach its 16-token window), Qwen2's q/k/v biases
-# and tied head, GPT-2's tied head, Conv1D layers and dropout 0.1.
-SMALL = {
-    "llama": ArchConfig("llama", 96, 64, 160, 2, 4, 128, num_kv_heads=2, rope_theta=500000.0,
-                        rope_scaling=_ROPE3),
-    "mistral": ArchConfig("mistral", 96, 64, 160, 2, 4, 128, num_kv_heads=1, sliding_window=16),
-    "qwen2": ArchConfig("qwen2", 96, 64, 160, 2, 4, 128, num_kv_heads=2, qkv_bias=True, tie_embeddings=True,
-                        norm_eps=1e-6),
-    "gpt2": ArchConfig("gpt2", 96, 64, 256, 2, 4, 64, tie_embeddings=True, qkv_bias=True, o_bias=True,
-                       mlp_bias=True, embd_dropout=0.1, attn_dropout=0.1, resid_dropout=0.1),
-}
 SEQ, MICRO = 32, 2
 MODES = [(ckpt, k) for ckpt in ("none", "blocks") for k in (1, 2)]
 
@@ -56,32 +44,7 @@ def test_transformers_is_installed_under_ci() -> None:
     )
 
 
-# -- parameter counts -----------------------------------------------------------------------------
-
-
-def _count(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
-
-
-@pytest.mark.parametrize("name", list(RELEASED))
-def test_presets_have_the_released_parameter_count_at_any_length(name: str) -> None:
-    counts = set()
-    for seq_len in (None, 128):
-        build, spec, cfg = released(name, seq_len)
-        with torch.device("meta"):
-            counts.add(_count(build()))
-        assert spec.vocab_size == cfg.vocab_size
-    assert counts == {PUBLISHED_PARAMETERS[name]} == {param_count(RELEASED[name])}
-
-
-@needs_transformers
-def test_transformers_builds_the_same_counts_from_the_same_configs() -> None:
-    for name, cfg in RELEASED.items():
-        with torch.device("meta"):
-            model = transformers_causal_lm(hf_dict(cfg))
-        assert model.num_parameters() == PUBLISHED_PARAMETERS[name], name
-        tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-        assert tied == cfg.tie_embeddings, name
+# -- the released presets' limits -----------------------------------------------------------------
 
 
 def test_gpt2_refuses_more_than_its_1024_positions() -> None:
@@ -94,17 +57,6 @@ def test_gpt2_refuses_more_than_its_1024_positions() -> None:
         CausalLM(SMALL["gpt2"])(torch.zeros(1, 65, dtype=torch.long))
     with pytest.raises(ValueError, match="name='gpt2' is not allowed"):
         released("gpt2")
-
-
-def test_configs_are_validated() -> None:
-    with pytest.raises(ValueError, match="num_heads=4 must be a multiple of num_kv_heads=3"):
-        dataclasses.replace(SMALL["llama"], num_kv_heads=3)
-    with pytest.raises(ValueError, match="family='bert' is not allowed"):
-        dataclasses.replace(SMALL["llama"], family="bert")
-    with pytest.raises(ValueError, match="rope_scaling of type 'yarn'"):
-        dataclasses.replace(SMALL["llama"], rope_scaling=(("rope_type", "yarn"),))
-    with pytest.raises(ValueError, match="gpt2 config has multi-head attention"):
-        dataclasses.replace(SMALL["gpt2"], num_kv_heads=2)
 
 
 # -- the same function as Transformers ------------------------------------------------------------
@@ -153,7 +105,6 @@ def _cpu_runs_gqa_fused() -> bool:
     return any("flash_attention" in name for name in seen.names)
 
 
-
 @needs_transformers
 def test_mistral_masks_from_its_window_on_as_transformers_does() -> None:
     """At 15 tokens (under the 16-token window) no mask and enable_gqa; at 16, a mask and expanded K/V."""
@@ -169,7 +120,6 @@ def test_mistral_masks_from_its_window_on_as_transformers_does() -> None:
         assert activations[16] > activations[15] * 16 / 15 * 1.01
     else:  # the math kernel expands K and V at both lengths and keeps the s x s weights too
         assert activations[16] > activations[15]
-
 
 
 def _close(ours: dict[str, int], theirs: dict[str, int], what: str) -> None:
@@ -230,26 +180,3 @@ def test_the_comparison_sees_a_wrong_attention_call(monkeypatch: pytest.MonkeyPa
     if not fused:
         off = -off
     assert off > 0.01, f"expanded K/V changed the activations by only {off:.2%} (fused kernel: {fused})"
-
-
-# -- a Llama block against the project's GPT block of the same width -------------------------------
-
-
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_block_activation_bytes_against_hand_counts(precision: str) -> None:
-    """Per token per block, for a Llama-2-7B-shaped block (h, i = 2.6875 h, MHA) at width 256."""
-    h, i, heads = 256, 688, 4
-    llama = ArchConfig("llama", 64, h, i, 2, heads, 128)
-    gpt = GPTConfig(64, 128, h, heads, 2, dropout=0.0, fused_attention=True)
-    ours, project = (block_activation_bytes(c, seq_len=64, precision=precision) for c in (llama, gpt))
-    lse, stats = 4 * heads, 8  # attention's log-sum-exp per head; RMSNorm's rsqrt, LayerNorm's mean and rstd
-    if precision == "fp32":
-        # RMSNorm keeps x, x * rsqrt and its output (3h, twice); attention q, k, v, out (4h); SwiGLU 4i
-        want_llama = 4 * (3 * h + 4 * h + 3 * h + 4 * i) + lse + stats
-        want_gpt = 4 * 16 * h + lse + 2 * stats  # x, ln, qkv (3h), out, x, ln, fc (4h), gelu (4h)
-    else:
-        # fp32 x and x * rsqrt, then one bf16 cast of the norm's output per projection (q, k, v; gate, up)
-        want_llama = (4 + 4 + 3 * 2) * h + (4 + 4 + 2 * 2) * h + 4 * 2 * h + 4 * 2 * i + lse + stats
-        want_gpt = (4 + 2 + 6 + 2 + 4 + 2 + 8 + 8) * h + lse + 2 * stats
-    assert (ours, project) == (want_llama, want_gpt)
-    assert ours > project
