@@ -25,7 +25,8 @@ import sys
 from types import SimpleNamespace
 
 TESTS = {
-    "helpers/measure/memory.py": "tests/measure/test_memory.py tests/measure/test_tracker.py",
+    "helpers/measure/memory.py": (
+        "tests/measure/test_memory.py tests/measure/test_tracker.py tests/measure/test_allocator.py"),
     "helpers/measure/tracker.py": ("tests/measure/test_tracker.py tests/measure/test_memory.py "
                                    "tests/measure/test_dispatch.py"),
     "helpers/measure/dispatch.py": ("tests/measure/test_dispatch.py tests/measure/test_tracker.py "

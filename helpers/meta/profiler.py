@@ -10,7 +10,9 @@ second, even for billions of parameters:
 - the live bytes at the end of the forward pass, and the peak of the backward pass
   and of the optimizer step, each with its breakdown by category;
 - bytes per example, from two micro-batch sizes (`Profiler.memory_profile`, which
-  returns lesson 06's `helpers.measure.memory_profile.MemoryProfile`).
+  returns lesson 06's `helpers.measure.memory_profile.MemoryProfile`);
+- all of it for a plan, as one record (`Profiler.profile`, a
+  `helpers.meta.model_profile.ModelProfile`, which `python -m helpers.plan` reads once).
 
 Two things differ between the meta device and the device you will train on, and the
 profile models both for a `target` ("cpu" or "cuda"):

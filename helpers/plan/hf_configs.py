@@ -165,7 +165,7 @@ def arch_from_hf(raw: Mapping[str, object]) -> ArchConfig:
         max_positions=int(raw.get("max_position_embeddings", 2048)),
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
         norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
-        qkv_bias=kind == "qwen2" or bias, o_bias=bias and kind == "llama",
+        qkv_bias=kind == "qwen2" or (bias and kind == "llama"), o_bias=bias and kind == "llama",
         mlp_bias=bool(raw.get("mlp_bias", False)) and kind == "llama",
         sliding_window=raw.get("sliding_window") if kind == "mistral" else None,
         attn_dropout=float(raw.get("attention_dropout", 0.0)), **common,
