@@ -117,6 +117,17 @@ def _refuse(model_type: str, what: str) -> None:
     raise ValueError(f"{model_type} config with {what} is not built by helpers.models.architectures")
 
 
+# The defaults of Transformers' own config classes (LlamaConfig, MistralConfig, Qwen2Config; 5.x)
+# where they differ by family: a hand-written config that leaves a field out gets what Transformers
+# would build (tests/plan/test_hf_configs.py holds them against `AutoConfig.for_model`).
+_LLAMA_FAMILY_DEFAULTS: dict[str, dict[str, object]] = {
+    "llama": {"intermediate_size": 11008, "max_position_embeddings": 2048},
+    "mistral": {"intermediate_size": 14336, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+                "sliding_window": 4096},
+    "qwen2": {"intermediate_size": 22016, "max_position_embeddings": 32768},
+}
+
+
 def arch_from_hf(raw: Mapping[str, object]) -> ArchConfig:
     """The `ArchConfig` of a Transformers causal-LM config dict (the fields that shape memory).
 
@@ -154,6 +165,7 @@ def arch_from_hf(raw: Mapping[str, object]) -> ArchConfig:
     if any(t != "full_attention" for t in raw.get("layer_types") or ()):
         _refuse(kind, "layer_types other than 'full_attention'")
     theta, scaling = _rope(raw)
+    raw = {**_LLAMA_FAMILY_DEFAULTS[str(kind)], **raw}  # what Transformers' config class fills in
     heads = int(raw.get("num_attention_heads", 32))
     bias = bool(raw.get("attention_bias", False))
     return ArchConfig(

@@ -294,6 +294,24 @@ def test_missing_fields_take_the_transformers_defaults() -> None:
             arch_from_hf({"model_type": kind})
 
 
+@needs_transformers
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2"])
+def test_a_family_fills_what_a_config_leaves_out_as_transformers_does(kind: str) -> None:
+    """A config with only its type and vocabulary gets the shape Transformers' own config class gives
+    (Mistral: 14336 wide, 8 K/V heads, a 4096 window; Qwen2: 22016 wide, 32768 positions)."""
+    from transformers import AutoConfig
+
+    theirs = AutoConfig.for_model(kind, vocab_size=1000)
+    ours = arch_from_hf({"model_type": kind, "vocab_size": 1000})
+    assert (ours.hidden_size, ours.intermediate_size, ours.num_layers, ours.num_heads, ours.kv_heads,
+            ours.max_positions, ours.norm_eps) == (
+        theirs.hidden_size, theirs.intermediate_size, theirs.num_hidden_layers, theirs.num_attention_heads,
+        theirs.num_key_value_heads, theirs.max_position_embeddings, theirs.rms_norm_eps)
+    assert ours.sliding_window == (theirs.sliding_window if kind == "mistral" else None)
+    given = arch_from_hf({"model_type": kind, "vocab_size": 1000, "intermediate_size": 64})
+    assert given.intermediate_size == 64  # what a config gives wins
+
+
 def test_every_field_a_config_gives_is_read() -> None:
     gpt2 = {**SMALL["gpt2"], "n_inner": 100, "tie_word_embeddings": False, "layer_norm_epsilon": 1e-6,
             "embd_pdrop": 0.0, "attn_pdrop": 0.2, "resid_pdrop": 0.3, "pad_token_id": 0,
