@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from helpers.core.training import STATE_PER_PARAM
 from helpers.core.validate import bool_arg, choice, positive_int
 from helpers.measure.formulas import korthikanti_activation_bytes
 from helpers.meta.model_profile import MODES, ModelProfile
@@ -170,9 +171,6 @@ def remedy_floors(parameters: int, gradients: int, optimizer_state: int,
     return [RemedyFloor(name, f, floor - f, caveat) for name, f, caveat in rows]
 
 
-_STATE_BYTES = {"sgd": 0, "sgd-momentum": 4, "adam": 8, "adamw": 8}  # fp32 optimizer state per parameter
-
-
 def estimates_beside_ours(profile: ModelProfile, micro_batch: int, *, exact: bool = True) -> dict[str, float]:
     """The two counts people quote (weights only; model states only) beside ours, in bytes.
 
@@ -181,11 +179,12 @@ def estimates_beside_ours(profile: ModelProfile, micro_batch: int, *, exact: boo
     """
     b = positive_int("micro_batch", micro_batch)
     n, optimizer = profile.n_params, profile.optimizer
+    state = 4 * STATE_PER_PARAM[optimizer]  # fp32 parameter-sized state tensors
     ours = (profile.full_step(b, 2, False).peak_bytes if bool_arg("exact", exact)
             else profile.profiles["plain"].predict_peak(b))
     return {
         "weights only (fp32, what loading tools count)": 4.0 * n,
-        f"model states only (weights + grads + {optimizer} state)": (8.0 + _STATE_BYTES[optimizer]) * n,
+        f"model states only (weights + grads + {optimizer} state)": (8.0 + state) * n,
         f"ours: profiled peak at micro-batch {b}": float(ours),
     }
 

@@ -170,11 +170,11 @@ def arch_from_hf(raw: Mapping[str, object]) -> ArchConfig:
     bias = bool(raw.get("attention_bias", False))
     return ArchConfig(
         str(kind), hidden_size=int(raw.get("hidden_size", 4096)),
-        intermediate_size=int(raw.get("intermediate_size", 11008)),
+        intermediate_size=int(raw["intermediate_size"]),
         num_layers=int(raw.get("num_hidden_layers", 32)), num_heads=heads,
         num_kv_heads=int(raw.get("num_key_value_heads") or heads),
         head_dim=None if raw.get("head_dim") is None else int(raw["head_dim"]),
-        max_positions=int(raw.get("max_position_embeddings", 2048)),
+        max_positions=int(raw["max_position_embeddings"]),
         tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
         norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
         qkv_bias=kind == "qwen2" or (bias and kind == "llama"), o_bias=bias and kind == "llama",
