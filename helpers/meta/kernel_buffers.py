@@ -158,8 +158,11 @@ def _measured(func: object, args: tuple, kwargs: dict) -> int:
     with torch.no_grad(), AllocatorRecord() as record:
         out = func(*real_args, **real_kwargs)
     if record.recorded:
-        # the most it held beyond what it returns: the meta profile counts the outputs already
-        outputs = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors_in(out)}
+        # the most it held beyond what it returns: the meta profile counts the outputs already. Only
+        # outputs allocated during the call: an in-place or out= op returns a storage made before it
+        allocated = {address for _, address, size in record.events if size > 0}
+        outputs = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors_in(out)
+                   if t.untyped_storage().data_ptr() in allocated}
         live = peak = 0
         for _, _, size in record.events:
             live += size
@@ -233,8 +236,8 @@ def _needs_cpu_run(func: object, tensors: list[torch.Tensor]) -> bool:
         return False  # run only on fresh copies: never repeat an in-place op on real tensors
     if name in _MATMULS or name in _HALF_IN_FP32:
         return any(t.dtype in _HALF for t in tensors)
-    if mutable or not on_meta:
-        return False
+    if not on_meta:
+        return False  # (a mutable op here is on meta: it is run on fresh copies)
     dtypes = set()
     for t in tensors:
         if t.dim() > 0 and t.is_floating_point():

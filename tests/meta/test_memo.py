@@ -95,3 +95,73 @@ def test_profiles_with_and_without_the_memo_are_the_same(name: str, precision: s
         assert plain.timeline.ops == memoised.timeline.ops
         assert plain.timeline.series == memoised.timeline.series
         assert plain.peak_bytes == memoised.peak_bytes and plain.breakdown == memoised.breakdown
+
+
+def test_every_output_that_is_an_operand_comes_back_on_a_hit() -> None:
+    """sort's out= variant returns both of its out= operands (values, indices): a hit returns both,
+    as the kernel does."""
+    memo = MetaMemo()
+    x, values, indices = _meta(4), _meta(4), _meta(4, dtype=torch.int64)
+    for _ in range(2):
+        out = memo.run(aten.sort.values, (x,), {"values": values, "indices": indices})
+        assert len(out) == 2 and out[0] is values and out[1] is indices
+    assert memo.hits == 1
+
+
+def test_a_call_with_an_argument_of_unknown_kind_runs_every_time() -> None:
+    """A complex scalar is not a kind the key knows: both calls run, so the second one's shape is its own."""
+    memo = MetaMemo()
+    for n in (3, 5):
+        x = _meta(n)
+        out = memo.run(aten.mul.Scalar, (x, 2j), {})
+        assert _same_meta(out, aten.mul.Scalar(x, 2j)) and out.shape == (n,)
+    assert memo.hits == 0
+
+
+@pytest.mark.parametrize("case", [
+    torch.empty(20)[:6].view(2, 3),  # offset 0 in a larger storage
+    torch.empty(20)[5:11].view(2, 3),  # offset 5
+    torch.empty(3, 0)[1],  # no elements, offset 1, a storage of 0 bytes
+    torch.empty(4, 3).t(),  # transposed, the storage exactly its size
+], ids=["larger-storage", "offset", "empty-at-offset", "transposed"])
+def test_an_empty_tensor_is_rebuilt_with_the_recorded_offset_and_storage(case: torch.Tensor) -> None:
+    """A hit rebuilds each new output from (shape, strides, offset, dtype, storage bytes): compared with
+    the CPU tensor those came from."""
+    from helpers.meta.memo import _empty
+
+    t = _empty(tuple(case.shape), case.stride(), case.storage_offset(), case.dtype,
+               case.untyped_storage().nbytes())
+    assert t.device.type == "meta"
+    assert (t.shape, t.stride(), t.storage_offset(), t.dtype, t.untyped_storage().nbytes()) == (
+        case.shape, case.stride(), case.storage_offset(), case.dtype, case.untyped_storage().nbytes())
+
+
+def test_hits_count_every_answered_call_and_a_bool_limit_is_refused() -> None:
+    memo = MetaMemo()
+    x = _meta(3, 4)
+    for _ in range(4):
+        memo.run(aten.addmm.default, (_meta(4), x, _meta(4, 4)), {})
+    assert memo.hits == 3
+    with pytest.raises(ValueError, match="limit must be an int >= 0, got True"):
+        MetaMemo(limit=True)
+
+
+def test_the_runner_answers_pointwise_ops_first_and_the_rest_from_its_memo() -> None:
+    """MetaRunner: a pointwise op never reaches the memo (the fast path answers it); another op is
+    answered from the memo given, and by default from the shared one the profiles use."""
+    from helpers.meta.memo import SHARED, MetaRunner
+
+    memo = MetaMemo()
+    runner = MetaRunner(memo)
+    x, y = _meta(3, 4), _meta(3, 4)
+    for _ in range(2):
+        assert _same_meta(runner.run(aten.add.Tensor, (x, y), {}), aten.add.Tensor(x, y))
+    assert memo.hits == 0
+    for _ in range(2):
+        assert _same_meta(runner.run(aten.mm.default, (x, _meta(4, 2)), {}), aten.mm.default(x, _meta(4, 2)))
+    assert memo.hits == 1
+    assert isinstance(SHARED, MetaMemo) and MetaRunner().memo is SHARED
+    before = SHARED.hits
+    for _ in range(2):
+        MetaRunner().run(aten.mm.default, (_meta(7, 3), _meta(3, 5)), {})
+    assert SHARED.hits > before

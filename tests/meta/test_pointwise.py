@@ -104,10 +104,28 @@ META = {"device": "meta"}
     (aten.add.Tensor, (torch.empty(3, **META), torch.empty(3, **META)), {"out": None}),
     (aten.mm.default, (torch.empty(3, 3, **META), torch.empty(3, 3, **META)), {}),  # not pointwise
     (aten.neg.default, (torch.empty(3, **META).expand(2, 3),), {}),  # a broadcast (stride 0) operand
+    (aten.mul.Tensor, (torch.empty(2, **META), torch.empty(3, **META)), {}),  # no broadcast, a 2 first
+    (aten.mul.Tensor, (torch.empty(3, **META), "a"), {}),  # not a number
+    (aten.mul.Scalar, (torch.empty(3, **META), 2j), {}),  # a complex number
+    (aten.mul.Tensor, (torch.tensor(2.0), torch.tensor(3.0)), {}),  # CPU scalars only: a CPU result
 ])
 def test_the_fast_path_leaves_other_cases_to_the_op(func: object, args: tuple, kwargs: dict) -> None:
     """Integer tensors, two-sided broadcasts, CPU tensors, bools, bad shapes, other ops: None."""
     assert fast_pointwise(func, args, kwargs) is None
+
+
+@pytest.mark.parametrize(("func", "args", "kwargs"), [
+    (aten.mul.Tensor, (torch.empty(3, **META), torch.empty(1, 3, **META)), {}),  # a shorter operand first
+    (aten.mul.Tensor, (torch.empty(1, 3, **META), torch.empty(3, **META)), {}),  # a shorter operand second
+    (aten.add.Tensor, (torch.empty(3, 4, **META), torch.empty(3, 4, **META)), {"alpha": 2}),
+    (aten.mul.Scalar, (torch.empty(3, **META), 2), {}),  # a Python number
+    (aten.mul.Tensor, (torch.empty((), **META), torch.empty(4, 3, **META).t()), {}),  # a 0-dim operand first
+])
+def test_the_fast_path_answers_the_plain_cases(func: object, args: tuple, kwargs: dict) -> None:
+    """Broadcasts against leading 1s, alpha, Python numbers, a 0-dim operand before a transposed one:
+    answered, with the kernel's tensor (every stride, here)."""
+    fast, real = fast_pointwise(func, args, kwargs), func(*args, **kwargs)
+    assert fast is not None and _same_result(fast, real) and fast.stride() == real.stride()
 
 
 def test_a_transposed_or_sliced_operand_gives_the_kernels_layout() -> None:

@@ -11,9 +11,16 @@ from torch import nn
 
 from helpers.core.data import BatchSpec
 from helpers.meta.profiler import PURE_BF16_WARNING, Profiler
-from helpers.models.architecture_config import RELEASED
+from helpers.models.architecture_config import RELEASED, ArchConfig
 from helpers.models.architectures import CausalLM
-from helpers.models.trainable import LoRALinear, apply_trainable, parse_trainable, trainable_count
+from helpers.models.trainable import (
+    LORA_DEFAULT_TARGETS,
+    LoRALinear,
+    TrainableSpec,
+    apply_trainable,
+    parse_trainable,
+    trainable_count,
+)
 from helpers.plan import estimates
 from helpers.plan.hf_configs import from_hf_config
 from helpers.plan.report import plan_model
@@ -114,3 +121,54 @@ def test_pattern_freezes_the_rest_and_refuses_a_pattern_that_matches_nothing() -
         apply_trainable(_build(), "no_such_parameter")
     with pytest.raises(ValueError, match="matches no linear"):
         apply_trainable(_build(), "lora:4:no_such_module")
+
+
+GPT2_TINY = ArchConfig("gpt2", 512, 64, 256, 2, 4, 32, tie_embeddings=True)  # hidden 64, Conv1D layers
+
+
+def test_parsed_specs_in_full_and_frozen() -> None:
+    """Every field of what "all", a pattern and "lora:<r>" parse to (alpha 16: the scaling is 16 / r)."""
+    assert parse_trainable("all") == TrainableSpec("all", "", 0, 16.0)
+    assert parse_trainable("norm") == TrainableSpec("pattern", "norm", 0, 16.0)
+    assert parse_trainable("lora:8") == TrainableSpec("lora", LORA_DEFAULT_TARGETS, 8, 16.0)
+    spec = parse_trainable("lora:8")
+    assert hash(spec) == hash(parse_trainable("lora:8"))  # frozen, so usable as a key
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.rank = 4  # type: ignore[misc]
+
+
+def test_lora_linear_by_hand() -> None:
+    """y = base(x) + x A^T B^T * alpha / r, alpha 16 by default; B starts at zero, so y = base(x) at first."""
+    torch.manual_seed(0)
+    base = nn.Linear(5, 3)
+    lora = LoRALinear(base, 2)
+    x = torch.randn(4, 5)
+    assert lora.lora_A.weight.shape == (2, 5) and lora.lora_B.weight.shape == (3, 2)
+    assert torch.count_nonzero(lora.lora_B.weight) == 0 and torch.equal(lora(x), base(x))
+    with torch.no_grad():
+        lora.lora_B.weight.normal_()
+    expected = base(x) + x @ lora.lora_A.weight.T @ lora.lora_B.weight.T * (16.0 / 2)
+    torch.testing.assert_close(lora(x), expected)
+    assert LoRALinear(base, 4, alpha=8.0).scaling == 2.0
+
+
+def test_lora_on_gpt2s_conv1d_by_hand() -> None:
+    """GPT-2's c_attn is a Conv1D, its weight stored (in, out) = (64, 192): LoRA rank 4 adds A (4 x 64)
+    and B (192 x 4), 4 x (64 + 192) per block (peft's count), 2 blocks; the output is unchanged at first."""
+    torch.manual_seed(0)
+    model = CausalLM(GPT2_TINY).eval()
+    idx = torch.randint(0, 512, (2, 8))
+    before = model(idx)
+    apply_trainable(model, "lora:4")
+    adapted = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    assert len(adapted) == 2
+    assert all(m.lora_A.weight.shape == (4, 64) and m.lora_B.weight.shape == (192, 4) for m in adapted)
+    assert trainable_count(model) == 2 * 4 * (64 + 192)
+    torch.testing.assert_close(model(idx), before)
+
+
+def test_a_pattern_matching_only_the_first_parameter() -> None:
+    """The token embedding alone (the first parameter; the head shares it): 512 x 64 trainable."""
+    model = CausalLM(GPT2_TINY)
+    apply_trainable(model, r"^tok\.")
+    assert trainable_count(model) == 512 * 64

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -234,6 +235,10 @@ def test_trade_offs_defaults_smallest_controls_and_messages() -> None:
     row = lab.measure(1, 1, False)  # the sliders' smallest B and K
     assert (row.micro_batch, row.steps, row.effective_batch) == (1, 1, 1)
     assert row.time_per_update.runs == 3  # the notebook: "the median of three interleaved micro-steps"
+    n = sum(p.numel() for p in model.parameters())
+    assert row.memory.breakdown["parameters"] == 4 * n and row.memory.peak_bytes >= 16 * n  # fp32, Adam
+    with pytest.raises(ValueError, match="^optimizer='nope' is not allowed"):
+        costs.TradeOffs(model, optimizer="nope")
     with pytest.raises(TypeError, match="^model must be a helpers.models.gpt.GPT, got Linear"):
         costs.TradeOffs(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="^repeats must"):
@@ -302,3 +307,43 @@ def test_checkpointed_trade_off_flops_match_the_notebooks_lambda() -> None:
         model.block_wrapper = None
         model.zero_grad(set_to_none=True)
     assert row.flops_per_update == k * counter.get_total_flops()
+
+
+def test_skip_oom_after_the_warmup_still_times_the_others_every_round() -> None:
+    """A callable that runs out of memory on its first timed run (after a good warm-up) is dropped
+    there; the one after it in that round still runs, so it keeps all its rounds."""
+    calls: list[str] = []
+
+    def late_oom() -> None:
+        calls.append("late")
+        if len(calls) > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    times = costs.interleaved_times({"late": late_oom, "ok": lambda: calls.append("ok")}, repeats=3,
+                                    skip_oom=True)
+    assert list(times) == ["ok"] and times["ok"].runs == 3
+    assert calls == ["late", "ok", "late", "ok", "ok", "ok"]
+
+
+def test_throughput_sweep_defaults_to_five_rounds_and_gives_none_for_an_oom_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_update(model, loss_fn, inputs, targets, micro_batch):  # noqa: ANN001, ANN202
+        if micro_batch == 8:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return torch.zeros(1)
+
+    monkeypatch.setattr(costs, "accumulated_grad", fake_update)
+    model, fn, x, y = mlp_case()
+    res = costs.throughput_sweep(model, fn, x, y, [2, 8])
+    assert res[8] is None and res[2] is not None and res[2].runs == 5
+
+
+def test_timing_and_trade_off_are_frozen_and_a_trade_offs_batch_and_label() -> None:
+    t = costs.Timing(1.0, 1.0, 1.0, 1)
+    row = costs.TradeOff(4, 8, True, None, 10, 8, t)  # type: ignore[arg-type]
+    assert (row.effective_batch, row.extra_flops, row.label) == (32, 2, "4 x 8, checkpointed")
+    assert costs.TradeOff(4, 8, False, None, 8, 8, t).label == "4 x 8"  # type: ignore[arg-type]
+    assert hash(t) == hash(costs.Timing(1.0, 1.0, 1.0, 1))
+    for frozen, field in ((t, "median"), (row, "steps")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(frozen, field, 2)
