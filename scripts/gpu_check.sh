@@ -19,7 +19,7 @@
 # every lesson), e.g. to rerun only what failed. LESSONS_SCALE, when set, applies to every phase. At most 8 files land in $OUT: summary.txt,
 # run.log, bench_full.json, bench_24gb.json, bench_16gb.json, notebooks_<device>.tar.gz (executed
 # notebooks, a failed one up to its error, and figures, named with the device), ledger_<device>.md,
-# plan_vs_cuda.json.
+# calibration-<card>-torch<version>-<date>.json (commit it to docs/calibration/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -28,11 +28,11 @@ KIT=${KIT_DIR:-.whl}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/lessons-gpu.XXXXXX")
 # Seconds per phase; the lanes run side by side, so the longest lane plus the setup stays under 8 minutes.
 T_TESTS=${T_TESTS:-120} T_NOTEBOOKS=${T_NOTEBOOKS:-400} T_CAPPED=${T_CAPPED:-170} T_LEDGER=${T_LEDGER:-360}
-T_PLAN=${T_PLAN:-120} NB_JOBS=${NB_JOBS:-3} LANES=${LANES:-4} PHASES=${PHASES:-a b c d e}
+T_PLAN=${T_PLAN:-200} NB_JOBS=${NB_JOBS:-3} LANES=${LANES:-4} PHASES=${PHASES:-a b c d e}
 read -r -a SELECTED <<< "${NOTEBOOKS:-}"
 read -r -a CAPPED <<< "${CAPPED_NOTEBOOKS:-notebooks/01_where_memory_goes.ipynb notebooks/03_gradient_accumulation.ipynb}"
 mkdir -p "$OUT"
-rm -f "$OUT"/{summary.txt,run.log,bench_full.json,bench_24gb.json,bench_16gb.json,plan_vs_cuda.json} \
+rm -f "$OUT"/{summary.txt,run.log,bench_full.json,bench_24gb.json,bench_16gb.json} "$OUT"/calibration-*.json \
   "$OUT"/notebooks_*.tar.gz "$OUT"/ledger_*.md
 
 verdict() {  # verdict RC [TIMEOUT_S]: one word for a phase's exit status

@@ -7,6 +7,8 @@
 #                                   (default: every file in scripts/mutmut_config.py TESTS)
 #   MUTATE_JOBS=N                   modules tested at once, each in its own copy (default: nproc)
 #   PY=path/to/python               the interpreter with torch, pytest, coverage, mutmut (.venv)
+#   MUTATE_OUT=path                 where the survivors go (default .mutate/survivors.txt), so that
+#                                   runs side by side do not overwrite each other's list
 # How it stays fast: one coverage run records which test executes which line
 # (scripts/mutmut_cov.py); each mutant then runs only those tests, in a child forked from a
 # server that has imported torch once (scripts/mutmut_server.py).
@@ -17,6 +19,8 @@ PY=${PY:-$ROOT/.venv/bin/python}
 case $PY in /*) ;; */*) PY=$ROOT/$PY ;; *) PY=$(command -v "$PY") ;; esac  # absolute: the run cds away
 MODULES=${MUTATE_MODULES:-$(cd "$ROOT/scripts" && "$PY" -c 'import mutmut_config as c; print(" ".join(p[len("helpers/"):-3] for p in c.TESTS))')}
 JOBS=${MUTATE_JOBS:-$(nproc)}
+OUT=${MUTATE_OUT:-.mutate/survivors.txt}
+case $OUT in /*) ;; *) OUT=$ROOT/$OUT ;; esac
 "$PY" -c "import mutmut, coverage" 2>/dev/null || { echo "mutmut or coverage is missing: run 'make mutate'"; exit 2; }
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mutate.XXXXXX")
@@ -32,7 +36,7 @@ trap cleanup EXIT
 start=$(date +%s)
 
 cd "$ROOT"
-rm -f .mutate/problems.log .mutate/survivors.txt
+rm -f .mutate/problems.log "$OUT"
 mkdir "$WORK/src"
 tar cf - --exclude=__pycache__ helpers tests scripts notebooks conftest.py pyproject.toml | tar xf - -C "$WORK/src"
 cp scripts/mutmut_config.py "$WORK/src/mutmut_config.py"
@@ -77,14 +81,14 @@ export PY WORK start
 echo "== $JOBS at a time: $order"
 printf '%s\n' $order | xargs -P "$JOBS" -I{} bash -c 'run_module {}'
 
-mkdir -p "$ROOT/.mutate"
+mkdir -p "$ROOT/.mutate" "$(dirname "$OUT")"
 cd "$ROOT"
 status=0
-"$PY" scripts/mutmut_report.py .mutate/survivors.txt "$WORK"/job-* || status=$?
+"$PY" scripts/mutmut_report.py "$OUT" "$WORK"/job-* || status=$?
 problems=$(cat "$WORK"/job-*/mutmut_problems.log 2>/dev/null | grep -c '^== pytest exit' || true)
 if [ "$problems" != 0 ]; then
     cat "$WORK"/job-*/mutmut_problems.log > "$ROOT/.mutate/problems.log"
     echo "== $problems mutants stopped pytest with a usage error or no test: .mutate/problems.log"
 fi
-echo "== $(( $(date +%s) - start )) s, $JOBS jobs; survivors also in .mutate/survivors.txt"
+echo "== $(( $(date +%s) - start )) s, $JOBS jobs; survivors also in $OUT"
 exit $status

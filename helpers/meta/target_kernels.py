@@ -57,7 +57,7 @@ def _cpu_kernel(
 
 
 # Compute capability (major * 10 + minor) of the cards `--gpu` names.
-GPUS = {"T4": 75, "A10": 86, "L4": 89, "A100": 80, "H100": 90}
+GPUS = {"T4": 75, "A10": 86, "A10G": 86, "L4": 89, "A100": 80, "H100": 90, "H200": 90}
 DEFAULT_CAPABILITY = 80
 
 

@@ -19,6 +19,7 @@ from helpers.core.data import BatchSpec
 from helpers.core.training import OPTIMIZERS
 from helpers.meta.profiler import CHECKPOINTS, OPTIMIZER_IMPLS, PRECISIONS, TARGETS, Profiler
 from helpers.meta.target_kernels import GPUS
+from helpers.plan.calibration import status
 from helpers.plan.hf_configs import BUILDERS, NO_TRANSFORMERS, transformers_missing
 from helpers.plan.presets import (
     DEFAULT_CUDA_MARGIN,
@@ -151,6 +152,7 @@ def _run(args: argparse.Namespace) -> tuple[tuple[str, ...], PlanReport]:
                         optimizer_impl=args.optimizer_impl)
     if args.target == "cuda":
         lines.append(f"target GPU {args.gpu} (compute capability sm{profiler.capability})")
+        lines.append(f"calibration: {status(args.gpu)}")
     report = plan_model(
         profiler,
         name=name,

@@ -109,6 +109,9 @@ class PlanReport:
     n_trainable: int = 0
     trainable: str = "all parameters"
     cpu_threads: int = field(default_factory=torch.get_num_threads)  # the intra-op threads it was planned at
+    # per mode: (micro-batches (lo, hi), bytes one more example adds to the peak between them, from full
+    # profiles with `check`, else the fit's activation + other slopes, with lo == hi == 0)
+    growth: dict[str, tuple[int, int, float]] = field(default_factory=dict)
 
     @property
     def floor_bytes_per_param(self) -> float:
@@ -211,10 +214,15 @@ class PlanReport:
                 lines.append(row + f"{_fmt(sum(b.values())):>12s}")
         lines.append("")
         for mode, p in self.profiles.items():
+            # activations + other: what one more example adds to the peak. Printed alone, the
+            # activation slope can be negative once the peak moves into backward (other grows instead).
+            lo, hi, per_example = self.growth.get(
+                mode, (0, 0, p.activation_bytes_per_example + p.other_bytes_per_example))
+            where = f"from B = {lo} to {hi}, full profiles" if hi else "the fit"
             lines.append(
                 f"{mode:>6s}: floor {_fmt(p.floor_bytes)}, "
-                f"activations {_fmt(p.activation_bytes_per_example)} "
-                f"per example ({_fmt(p.held_output_bytes_per_example)} of it held by `predictions`), "
+                f"each example adds {_fmt(max(per_example, 0.0))} to the peak ({where}; "
+                f"{_fmt(p.held_output_bytes_per_example)} per example held by `predictions`), "
                 f"optimizer-step peak {_fmt(p.optimizer_peak_bytes)}"
             )
         buffers = {k: v for s in self.steps.values() for k, v in s.kernel_buffer_bytes.items()}
@@ -334,6 +342,14 @@ def plan_model(
     mode = ("checkpointed" if (plan is None or plan.checkpoint) and "checkpointed" in profiles
             else "plain")
     remedies = remedy_savings(profile, b, mode, checkpointing="checkpointed" in profiles, exact=check)
+    growth = {}
+    if check:  # what one more example adds, between two full profiles around the plan's micro-batch
+        hi = max(b, 2)
+        lo = hi // 2
+        for m in profiles:
+            ck = m == "checkpointed"
+            rise = profile.full_step(hi, 2, ck).peak_bytes - profile.full_step(lo, 2, ck).peak_bytes
+            growth[m] = (lo, hi, rise / (hi - lo))
     kernels = tuple(sorted({k for s in steps.values() for k in s.kernels}))
     notes = [PURE_BF16_WARNING] if profile.precision == "pure-bf16" else []
     if profile.target == "cuda":
@@ -382,4 +398,5 @@ def plan_model(
         released,
         profile.n_trainable,
         profile.trainable,
+        growth=growth,
     )

@@ -44,7 +44,7 @@ def test_cuda_kernel_thresholds_follow_sdp_utils() -> None:
 def test_gpu_table_holds_the_cards_compute_capabilities() -> None:
     """NVIDIA's list (developer.nvidia.com/cuda-gpus): T4 7.5, A10 8.6, L4 8.9, A100 8.0, H100 9.0;
     a profiler's default capability is that of the command's default card (--gpu A100)."""
-    assert GPUS == {"T4": 75, "A10": 86, "L4": 89, "A100": 80, "H100": 90}
+    assert GPUS == {"T4": 75, "A10": 86, "A10G": 86, "L4": 89, "A100": 80, "H100": 90, "H200": 90}
     default_gpu = cli._parser().get_default("gpu")
     assert DEFAULT_CAPABILITY == cli._capability(default_gpu) == GPUS["A100"]
 

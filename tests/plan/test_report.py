@@ -118,3 +118,24 @@ def test_a_cpu_plan_says_which_thread_count_it_holds_for() -> None:
         assert cuda.to_dict()["cpu_threads"] is None and "intra-op thread" not in cuda.table()
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_report_never_prints_a_negative_size_per_example() -> None:
+    """Each mode's "each example adds" is the peak's growth per example between two full meta steps around
+    the plan's B (K = 2); the fit's activation and other slopes alone can be negative (GPT-2 small, fp32,
+    128 tokens: other is about -245 MiB per example), and their sum said 52 MiB where full steps grow by
+    about 233 MiB per example, so neither is printed as the growth (issue 39)."""
+    build, spec, _ = preset_spec("gpt2-small", 128)
+    profiler = Profiler(build, spec, "adam", target="cuda", precision="fp32")
+    report = plan_model(profiler, name="gpt2-small", budget_bytes=parse_budget("80GiB"), effective_batch=8)
+    plain = report.profiles["plain"]
+    assert plain.other_bytes_per_example < 0  # the case this guards: a slope that is negative alone
+    text = report.table()
+    assert re.search(r"-\d+(?:\.\d+)? (?:B|KiB|MiB|GiB)\b", text) is None
+    b = report.plan.micro_batch
+    lo, hi = max(b, 2) // 2, max(b, 2)
+    grown = (profiler.step(hi, accumulation_steps=2).peak_bytes
+             - profiler.step(lo, accumulation_steps=2).peak_bytes) / (hi - lo)
+    line = rf"plain: floor [^,]+, each example adds (\d+\.\d) MiB to the peak \(from B = {lo} to {hi}"
+    printed = re.search(line, text)
+    assert printed and abs(float(printed[1]) * 2**20 - grown) <= 2**20 / 20, (printed, grown / 2**20)
