@@ -60,7 +60,8 @@ TESTS = {
     "helpers/meta/memo.py": "tests/meta/test_memo.py",
     "helpers/meta/pointwise.py": "tests/meta/test_pointwise.py",
     "helpers/meta/kernel_buffers.py": "tests/meta/test_kernel_buffers.py",
-    "helpers/meta/target_kernels.py": "tests/meta/test_target_kernels.py",
+    # the autocast rule and the attention routing, against real CPU steps (tests/meta/test_profiler.py)
+    "helpers/meta/target_kernels.py": "tests/meta/test_target_kernels.py tests/meta/test_profiler.py",
     "helpers/techniques/costs.py": "tests/techniques/test_costs.py",
     "helpers/plan/hf_configs.py": "tests/plan/test_hf_configs.py",
     "helpers/models/trainable.py": "tests/models/test_trainable.py",

@@ -315,7 +315,13 @@ def _run(fn: object, make: object, device: str) -> object:
 
 @pytest.mark.parametrize("case", list(_OWN_BYTES_CASES))
 def test_kernels_that_allocate_inside_are_counted_on_meta(case: str) -> None:
+    """Each kernel's own buffers on meta: at most 64 bytes above the CPU allocator's record, never below."""
     fn, make = _OWN_BYTES_CASES[case]
+    if case == "fp32 _convolution":
+        try:
+            fn(*(t.to("meta") for t in make()))
+        except NotImplementedError:  # torch 2.5: no meta kernel for it; models reach aten.convolution instead
+            pytest.skip(f"torch {torch.__version__} cannot run aten._convolution on meta")
     cpu, meta = max(_run(fn, make, "cpu").total), max(_run(fn, make, "meta").total)
     assert 0 <= meta - cpu <= 64, (case, meta, cpu)
 

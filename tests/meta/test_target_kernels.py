@@ -177,3 +177,62 @@ def test_fused_and_per_tensor_adam_appear_where_the_optimizer_step_binds() -> No
     fused = [k for k in report.remedies if k.startswith("fused=True")]
     assert fused and report.remedies[fused[0]] == saving
     assert any(k.startswith("8-bit Adam state (an estimate") for k in report.remedies)
+
+
+def test_the_cpu_probe_picks_what_torch_picks_for_full_sized_attention() -> None:
+    """The tiny tensors `_cpu_kernel` asks with give torch's own choice for real shapes (2 x 4 heads x 96
+    tokens), over every dtype, head size, mask, dropout, causal and GQA setting the meta run can meet."""
+    from helpers.meta.target_kernels import _cpu_kernel
+
+    _cpu_kernel.cache_clear()
+    seen = set()
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for head_dim in (64, 60, 62, 256, 300):
+            for mask in (None, torch.bool, dtype):
+                for dropout in (False, True):
+                    for causal in (False, True):
+                        for gqa in (False, True):
+                            q = torch.zeros(2, 4, 96, head_dim, dtype=dtype)
+                            kv = torch.zeros(2, 2 if gqa else 4, 96, head_dim, dtype=dtype)
+                            m = None if mask is None else torch.zeros(96, 96, dtype=mask)
+                            real = int(torch._fused_sdp_choice(
+                                q, kv, kv, attn_mask=m, dropout_p=0.1 if dropout else 0.0,
+                                is_causal=causal and m is None, **({"enable_gqa": True} if gqa else {})))
+                            probe = _cpu_kernel(dtype, head_dim, mask, dropout, causal, gqa)
+                            assert probe == real, (dtype, head_dim, mask, dropout, causal, gqa, probe, real)
+                            seen.add(real)
+    assert seen == {MATH, FLASH}  # both CPU kernels occur, so the comparison can tell them apart
+
+
+def test_attention_dropout_on_a_cpu_target_runs_the_math_kernel_as_torch_does() -> None:
+    """With dropout the CPU's SDPA takes the math path (torch's own choice on real tensors), and the meta
+    run records the same kernel; without dropout both take flash."""
+    q = torch.zeros(2, 4, 32, 16)
+    for p, name in ((0.1, "math"), (0.0, "flash")):
+        real = int(torch._fused_sdp_choice(q, q, q, dropout_p=p, is_causal=True))
+        with _TargetKernels("cpu", None) as seen:
+            out = F.scaled_dot_product_attention(*(q.to("meta"),) * 3, dropout_p=p, is_causal=True)
+        assert out.shape == q.shape and seen.kernels == {name}
+        assert real == {"math": MATH, "flash": FLASH}[name]
+
+
+def test_a_boolean_mask_on_a_cuda_target_becomes_the_float_mask_sdpa_makes() -> None:
+    """A bool mask (Mistral's window) on a CUDA target runs the memory-efficient kernel with the additive
+    float mask SDPA builds from it: the meta output has the query's shape, and the kernel is recorded."""
+    q = torch.zeros(1, 4, 32, 64, dtype=torch.bfloat16, device="meta")
+    mask = torch.ones(32, 32, dtype=torch.bool, device="meta").tril()
+    made: list[torch.Tensor] = []
+    efficient = torch.ops.aten._scaled_dot_product_efficient_attention
+
+    def spy(query, key, value, attn_mask, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        made.append(attn_mask)
+        return efficient(query, key, value, attn_mask, *args, **kwargs)
+
+    with _TargetKernels("cuda", None, capability=80) as seen:
+        torch.ops.aten._scaled_dot_product_efficient_attention = spy
+        try:
+            out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        finally:
+            torch.ops.aten._scaled_dot_product_efficient_attention = efficient
+    assert out.shape == q.shape and seen.kernels == {"memory-efficient"}
+    assert len(made) == 1 and made[0].dtype == torch.bfloat16 and tuple(made[0].shape) == (32, 32)
