@@ -111,14 +111,15 @@ def _card_lines(ax: Axes, budget: float, usable: float, unit: float) -> float:
     """Draw the card a budget stands for and the planner's limit on `ax`; return the card's bytes.
 
     The card is dashed, at what it reports (`plan_report.reported_card_bytes`: a budget of 24e9
-    bytes, "--budget 24GB", is a card sold as 24 GB, which reports about 24 GiB), labelled in GiB
+    bytes, "--budget 24GB", is a card sold as 24 GB, which reports at most 24 GiB), labelled in GiB
     with the GB it is sold as; the limit is dotted, at `usable` (the budget less the CUDA margin),
     as `plan_report.margin_line` prints them. Nothing is allocated: both are capacities.
     """
 
     card = reported_card_bytes(budget)
-    sold = f"\n(sold as {budget / GB:.0f} GB)" if card != budget else ""
-    for y, label, style, side in ((card, f"card: about {units.format_bytes(card)}{sold}", "--", "bottom"),
+    name = (f"card: at most {units.format_bytes(card)}\n(sold as {budget / GB:.0f} GB)" if card != budget
+            else f"card: {units.format_bytes(card)}")
+    for y, label, style, side in ((card, name, "--", "bottom"),
                                   (usable, f"plan within {units.format_bytes(usable)}", ":", "top")):
         ax.axhline(y / unit, color="crimson", ls=style, lw=1.2)  # card labelled above, limit below
         ax.annotate(label, (0.0, y / unit), xycoords=("axes fraction", "data"),
@@ -141,7 +142,7 @@ def estimators_figure(profiles: dict[str, dict[str, MemoryProfile]], n_params: i
         profiles: {case: {"none": plain profile, ...}}, e.g. full fine-tune and LoRA.
         n_params: the model's parameter count (the estimates are 4 and 16 bytes per parameter).
         budget_bytes: the planner's budget, as `--budget` reads it: 24e9 ("24GB") stands for a card
-            sold as "24 GB", which reports about 24 GiB (`plan_report.reported_card_bytes`).
+            sold as "24 GB", which reports at most 24 GiB (`plan_report.reported_card_bytes`).
         cuda_margin: the share of the budget the planner keeps free on CUDA.
 
     Returns:

@@ -20,6 +20,7 @@ from helpers.core.training import OPTIMIZERS
 from helpers.meta.profiler import CHECKPOINTS, OPTIMIZER_IMPLS, PRECISIONS, TARGETS, Profiler
 from helpers.meta.target_kernels import GPUS
 from helpers.plan.calibration import status
+from helpers.plan.cards import CARDS, CONTEXT_SOURCE, Card, auto_card, budget_bytes, card
 from helpers.plan.hf_configs import BUILDERS, NO_TRANSFORMERS, transformers_missing
 from helpers.plan.presets import (
     DEFAULT_CUDA_MARGIN,
@@ -61,8 +62,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="default: foreach on CUDA (parameter-sized temporaries in the step), the "
                    "per-tensor loop on CPU; fused (fused=True: modelled as per-tensor on meta); per-tensor "
                    "(foreach=False)")
-    p.add_argument("--budget", default="24GB", help="memory budget: 24GB (decimal, 24e9 bytes), '24 GiB' "
-                   "(binary: a card sold as 24 GB reports about 24 GiB), 24e9 bytes (default 24GB)")
+    p.add_argument("--budget", default=None, help="memory budget: 24GB (decimal, 24e9 bytes), '24 GiB' "
+                   "(binary, 2**30), or 24e9 bytes. A card sold as 24 GB reports less (an L4 21.96 GiB, "
+                   "an RTX 3090 23.7 GiB): name it with --gpu instead. Default: the --gpu card's own memory "
+                   "less the CUDA context, or 24GB for a card named only by its capability")
     p.add_argument(
         "--effective-batch", type=int, default=32, help="examples per optimizer update (default 32)"
     )
@@ -73,9 +76,11 @@ def _parser() -> argparse.ArgumentParser:
         help="blocks: the planner may checkpoint every block; none: never (default blocks)",
     )
     p.add_argument("--target", default="cuda", choices=TARGETS, help="device the plan is for (default cuda)")
-    p.add_argument("--gpu", default="A100", help=f"the CUDA card: {', '.join(GPUS)} or a compute capability "
-                   "such as 8.0 or 75; it sets the attention kernel (no flash attention below sm80, e.g. a "
-                   "T4) (default A100)")
+    p.add_argument("--gpu", default="A100", help=f"the CUDA card: one of {', '.join(CARDS)} (its compute "
+                   "capability and, without --budget, its memory as torch reports it); auto (this machine's "
+                   f"GPU); or only a capability: {', '.join(g for g in GPUS if g not in CARDS)}, 8.0 or 75. "
+                   "The capability sets the attention kernel (no flash attention below sm80, e.g. a T4) "
+                   "(default A100: sm80, and a 24GB budget)")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS,
                    help="fp32; bf16: autocast over fp32 master weights, fp32 gradients, fp32 Adam "
                    "(16 B/param); pure-bf16: everything bf16 (8 B/param; small updates are lost without "
@@ -113,8 +118,23 @@ def _spec_from_args(args: argparse.Namespace) -> BatchSpec:
     return BatchSpec.lm(args.seq_len, args.vocab_size)
 
 
+def _card(gpu: str) -> Card | None:
+    """The card `--gpu` names (its memory is known), `auto`'s GPU, or None for a capability only."""
+    if gpu.lower() == "auto":
+        return auto_card()
+    if gpu.upper() in GPUS and gpu.upper() not in CARDS:
+        return None  # "A100", "A10": a capability, not one card's memory
+    try:
+        return card(gpu)
+    except ValueError:
+        return None
+
+
 def _capability(gpu: str) -> int:
-    """sm number from a card name in GPUS, "8.0" or "80"; ValueError otherwise."""
+    """sm number from a card name in GPUS or CARDS, "8.0" or "80"; ValueError otherwise."""
+    found = _card(gpu)
+    if found is not None:
+        return found.capability
     if gpu.upper() in GPUS:
         return GPUS[gpu.upper()]
     try:
@@ -123,15 +143,24 @@ def _capability(gpu: str) -> int:
         value = 0.0
     cap = round(value * 10) if value < 10 else round(value)
     if not 30 <= cap <= 120:
-        raise ValueError(f"--gpu {gpu!r}: give one of {', '.join(GPUS)} or a compute capability such "
-                         "as 8.0 or 75")
+        raise ValueError(f"--gpu {gpu!r}: give one of {', '.join(dict.fromkeys([*CARDS, *GPUS]))}, auto, "
+                         "or a compute capability such as 8.0 or 75")
     return cap
 
 
 def _run(args: argparse.Namespace) -> tuple[tuple[str, ...], PlanReport]:
     """The source lines and the plan of one command; ValueError on bad input."""
-    budget = parse_budget(args.budget)
     lines: list[str] = []
+    gpu = _card(args.gpu) if args.target == "cuda" else None
+    if args.budget is not None:
+        budget = parse_budget(args.budget)
+    elif gpu is not None:
+        budget = budget_bytes(gpu)
+        lines.append(f"budget {budget / 2**30:.2f} GiB: the {gpu.device_name} (sold as {gpu.sold_as}) "
+                     f"reports {gpu.total_gib:.2f} GiB [{gpu.source}], less the CUDA context "
+                     f"[{CONTEXT_SOURCE}]")
+    else:
+        budget = parse_budget("24GB")
     if args.preset is not None:
         build, spec, cfg = preset_spec(args.preset, args.seq_len)
         name = args.preset
@@ -152,7 +181,7 @@ def _run(args: argparse.Namespace) -> tuple[tuple[str, ...], PlanReport]:
                         optimizer_impl=args.optimizer_impl)
     if args.target == "cuda":
         lines.append(f"target GPU {args.gpu} (compute capability sm{profiler.capability})")
-        lines.append(f"calibration: {status(args.gpu)}")
+        lines.append(f"calibration: {status(gpu.device_name if gpu is not None else args.gpu)}")
     report = plan_model(
         profiler,
         name=name,

@@ -112,9 +112,10 @@ def parse_budget(text: str | float) -> float:
     """Bytes from "24GB" (decimal), "24 GiB" (binary), "24e9" or a number; ValueError otherwise.
 
     GB, MB, kB and TB are decimal (10^9, ...); GiB, MiB, KiB and TiB are binary (2^30, ...).
-    Cards are sold in GB but report binary units: a "24 GB" card reports about 24 GiB
-    (25.8e9 bytes) in `torch.cuda.get_device_properties(0).total_memory`. So "24GB" plans
-    within 24e9 bytes, 7% less than such a card has; write "24GiB" to plan for all of it.
+    Cards are sold in GB and report less than as many GiB in
+    `torch.cuda.get_device_properties(0).total_memory`: a "24 GB" L4 reports 21.96 GiB, an
+    RTX 4090 23.99 GiB. `python -m helpers.plan --gpu L4` plans for one card's own figure
+    (`helpers.plan.cards`).
     """
     if isinstance(text, bool):
         raise ArgTypeError(f"budget must be a string like '24GB' or a number of bytes, got {text!r}")

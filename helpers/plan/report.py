@@ -21,6 +21,7 @@ from helpers.measure.memory_profile import MemoryProfile
 from helpers.meta.model_profile import ModelProfile
 from helpers.meta.profiler import CHECKPOINTS, PURE_BF16_WARNING, Profiler
 from helpers.meta.step_profile import StepProfile
+from helpers.plan.cards import CARDS
 from helpers.plan.estimates import CAVEATS, estimates_beside_ours, remedy_savings
 from helpers.plan.planner import Plan, recommend
 from helpers.plan.presets import DEFAULT_CUDA_MARGIN, GB
@@ -31,15 +32,17 @@ __all__ = ["PlanReport", "cpu_threads_note", "margin_line", "plan_model", "repor
 def reported_card_bytes(budget_bytes: float) -> float:
     """What the card a budget stands for reports, in bytes.
 
-    A budget of a whole number N of decimal GB is read as a card sold as "N GB", which
-    reports about N GiB (a "24 GB" card: 24 x 2^30 = 25.8e9 bytes). Any other budget (in
-    GiB, or in bytes) is taken as what the card reports.
+    A budget of a whole number N of decimal GB is read as a card sold as "N GB", and such a
+    card reports at most N GiB (24 x 2^30 = 25.8e9 bytes for "24 GB"); real cards report
+    less (`helpers.plan.cards`: an L4 21.96 GiB, an RTX 4090 23.99 GiB). Any other budget
+    (in GiB, or in bytes) is taken as what the card reports.
 
     Args:
         budget_bytes: the budget in bytes, as `presets.parse_budget` reads `--budget`.
 
     Returns:
-        N x 2^30 for a budget of N decimal GB, otherwise `budget_bytes` itself.
+        N x 2^30 (the most a card sold as N GB reports) for a budget of N decimal GB,
+        otherwise `budget_bytes` itself.
     """
     gb = positive_number("budget_bytes", budget_bytes) / GB
     return round(gb) * 2**30 if round(gb) >= 1 and abs(gb - round(gb)) < 1e-9 else float(budget_bytes)
@@ -59,8 +62,12 @@ def margin_line(budget_bytes: float, usable_bytes: float) -> str:
         return text + " (no margin)"
     text += f": the margin keeps {kept / budget_bytes:.0%} of the budget free"
     if card != budget_bytes:
-        text += (f", {1 - usable_bytes / card:.0%} of a card sold as {n} GB, which reports about "
-                 f"{_fmt(card)} (--budget {n}GiB plans for all of it)")
+        text += f", {1 - usable_bytes / card:.0%} of {_fmt(card)}"
+        sold = sorted((c.total_bytes, c.name) for c in CARDS.values() if c.sold_as == f"{n} GB")
+        if sold:  # cards sold as N GB report less than N GiB, and not all the same: name one
+            (low, first), (high, last) = sold[0], sold[-1]
+            text += (f" (cards sold as {n} GB report {_fmt(low)} ({first}) to {_fmt(high)} ({last}): "
+                     f"--gpu {first} plans for that card's own memory)")
     return text
 
 

@@ -136,6 +136,27 @@ def test_results_are_frozen_and_the_counter_starts_empty() -> None:
     assert "indices" not in repr(grad)  # per-example lists stay out of the printed result
     counter = D.AllReduceCounter()
     assert counter.group is None and counter.calls == 0  # group None = torch's default process group
+    assert counter.buckets == 0
+
+
+def test_the_hook_counts_every_bucket_and_each_last_one_as_a_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three buckets, the last one closing the backward: buckets 3, calls 1, each sent to DDP's all-reduce."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    sent = []
+    monkeypatch.setattr(default_hooks, "allreduce_hook", lambda group, bucket: sent.append(bucket) or "fut")
+
+    class Bucket:
+        def __init__(self, last: bool) -> None:
+            self.last = last
+
+        def is_last(self) -> bool:
+            return self.last
+
+    counter = D.AllReduceCounter()
+    buckets = [Bucket(False), Bucket(False), Bucket(True)]
+    assert [D._counting_allreduce(counter, b) for b in buckets] == ["fut"] * 3
+    assert (counter.buckets, counter.calls) == (3, 1) and sent == buckets
 
 
 
@@ -177,8 +198,9 @@ def test_ddp_accumulated_grad_takes_rank_0_and_the_largest_spread(
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize(("b", "k", "w"), [(4, 2, 2), (2, 4, 2), (8, 1, 2), (4, 4, 1)])
+@pytest.mark.parametrize(("b", "k", "w"), [(4, 2, 2), (2, 4, 2), (8, 1, 2), (4, 4, 1), (3, 2, 2)])
 def test_ddp_gradient_equals_full_batch(pool: WorkerPool, b: int, k: int, w: int) -> None:
+    """DDP's accumulated gradient is the full batch's, for B*K*W = 16 examples and 12 (not D_IN = 16)."""
     x, y = D.lesson_data(b * k * w, seed=1)
     ref = full_batch_grad(D.replica_model(), D.mse_loss, x, y)
     for no_sync, calls in ((True, 1), (False, k)):

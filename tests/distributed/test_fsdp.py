@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from helpers.distributed import fsdp as F
 from helpers.distributed.fsdp import (
     FSDP_PARTS,
     FSDP_TRACKER,
+    FSDPRankMemory,
+    FSDPStepMemory,
+    LinearStack,
     counted_model,
     fsdp_rank_memory,
     fsdp_runs_here,
@@ -84,6 +90,45 @@ def test_counted_model_is_counted_by_hand() -> None:
         counted_model(depth=0)
 
 
+def test_linear_stack_defaults_and_counted_models_seed() -> None:
+    """LinearStack() is 16 -> 256, three 256 x 256 units, 256 -> 4; counted_model is it built after seed 0."""
+    assert [tuple(p.shape) for p in LinearStack().parameters()] == [(256, 16), *[(256, 256)] * 3, (4, 256)]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        seed0 = LinearStack(256, 3)
+    pairs = zip(counted_model().parameters(), seed0.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_the_method_names_and_frozen_results() -> None:
+    """The CPU method is named "fsdp-mem-tracker" (as FSDPStepMemory documents), and results are frozen."""
+    assert FSDP_TRACKER == "fsdp-mem-tracker"
+    step = FSDPStepMemory(1, {"other": 1}, [], FSDP_TRACKER)
+    for obj, name in ((step, "peak_bytes"), (FSDPRankMemory(2, step), "persistent_bytes")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, name, 3)
+
+
+def test_fsdp_rank_memory_defaults_to_the_shared_pool(fake_pool: type,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a pool it asks shared_pool for max(W, max_workers()) workers and checks W against that pool."""
+    fake, asked = fake_pool(2, []), []
+    monkeypatch.setattr(F, "max_workers", lambda: 3)
+    monkeypatch.setattr(F, "shared_pool", lambda n: asked.append(n) or fake)
+    with pytest.raises(ValueError, match=r"^world_size=4 is larger than the pool \(2 workers\)"):
+        fsdp_rank_memory(counted_model, world_size=4)
+    assert asked == [4] and fake.calls == []
+
+
+def test_fsdp_rank_memory_sends_the_workers_its_defaults_and_keeps_w_ranks(fake_pool: type) -> None:
+    """The workers get (model_fn, W, micro_batch 4, K 1) and 120 s; ranks beyond W (None) are dropped."""
+    step = FSDPStepMemory(1, {"other": 1}, [], FSDP_TRACKER)
+    fake = fake_pool(3, [{"persistent": 7, "step": step}, {"persistent": 8, "step": step}, None])
+    assert fsdp_rank_memory(counted_model, world_size=2, pool=fake) == [FSDPRankMemory(7, step),
+                                                                         FSDPRankMemory(8, step)]
+    assert [(args, t) for _, args, t in fake.calls] == [((counted_model, 2, 4, 1), 120.0)]
+
+
 def test_fsdp_parts_cover_every_category_of_torchs_tracker_once() -> None:
     """Nothing FSDPMemTracker measures falls outside the lesson's parts, and nothing counts twice."""
     from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
@@ -109,8 +154,8 @@ def test_fsdp_step_memory_and_rank_memory_check_their_arguments(fake_pool: type)
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("w", [2, 4])
-def test_fsdp_peak_is_not_1_over_w_hand_counted(pool4: WorkerPool, w: int) -> None:
+@pytest.mark.parametrize(("w", "k"), [(2, 1), (4, 1), (2, 2)])
+def test_fsdp_peak_is_not_1_over_w_hand_counted(pool4: WorkerPool, w: int, k: int) -> None:
     """A real FSDP2 update (gloo, W ranks) against bytes counted by hand for counted_model.
 
     The persistent state is exactly 1/W; the peak holds at least the root's weights, one whole
@@ -120,20 +165,29 @@ def test_fsdp_peak_is_not_1_over_w_hand_counted(pool4: WorkerPool, w: int) -> No
     ok, why = fsdp_runs_here("gloo")
     if not ok:
         pytest.skip(why)
-    ranks = fsdp_rank_memory(counted_model, world_size=w, micro_batch=4, pool=pool4)
+    ranks = fsdp_rank_memory(counted_model, world_size=w, micro_batch=4, accumulation_steps=k, pool=pool4)
     assert len(ranks) == w
     one_over_w = 4 * PARAMS // w + STEPS  # parameters, gradients and Adam's two moments, each 1/W
     for r in ranks:
         mem = r.step
         assert r.persistent_bytes == one_over_w
         assert mem.method == FSDP_TRACKER and sum(mem.breakdown.values()) == mem.peak_bytes
+        assert set(mem.breakdown) == {*FSDP_PARTS, "other"} and mem.breakdown["other"] == 0  # all named
         # pieces of the weights and Adam's moments + the root + one gathered unit + that unit's full gradients
         assert mem.peak_bytes >= 3 * PARAMS // w + ROOT + UNIT + UNIT
         assert mem.peak_bytes > one_over_w + UNIT  # the 1/W plan is at least a unit short
         assert ROOT + UNIT <= mem.breakdown["gathered_parameters"] <= ROOT + 2 * UNIT
         assert mem.breakdown["unsharded_gradients"] >= UNIT
         assert mem.breakdown["sharded_state"] <= one_over_w
-        assert mem.gathered_after_forward == [ROOT] * 3  # after each unit's forward only the root stays
+        # at the peak (in backward) a step that starts without gradients (K = 1) has made the gradient
+        # shards of one or two of the last units (gloo's timing decides), never the root's and the first
+        # unit's; with K = 2 the first micro-step made every shard
+        pieces = 3 * PARAMS // w + STEPS
+        if k == 1:
+            assert pieces + UNIT // w <= mem.breakdown["sharded_state"] <= pieces + 2 * UNIT // w
+        else:
+            assert mem.breakdown["sharded_state"] == one_over_w
+        assert mem.gathered_after_forward == [ROOT] * 3 * k  # after each unit's forward only the root stays
         assert mem.peak_bytes <= one_over_w + 2 * ROOT + 5 * UNIT + 64 * 1024
 
 

@@ -30,7 +30,7 @@ def test_show_plan_prints_the_effective_batch(capsys: pytest.CaptureFixture[str]
 
 
 def test_estimators_figure_draws_the_card_as_it_reports_and_the_plan_limit() -> None:
-    """--budget 24GB (24e9 bytes) is a card sold as 24 GB: it reports about 24 GiB (dashed), and the planner
+    """--budget 24GB (24e9 bytes) is a card sold as 24 GB: it reports at most 24 GiB (dashed), and the planner
     plans within 24e9 less the 10% margin = 21.6e9 bytes = 20.1 GiB (dotted). A budget in GiB is the card."""
     import matplotlib.pyplot as plt
 
@@ -40,10 +40,10 @@ def test_estimators_figure_draws_the_card_as_it_reports_and_the_plan_limit() -> 
     (ax,) = fig.axes
     assert sorted(line.get_ydata()[0] for line in ax.lines) == pytest.approx([21.6e9 / 2**30, 24.0])
     labels = [t.get_text() for t in ax.texts]
-    assert labels == ["card: about 24.0 GiB\n(sold as 24 GB)", "plan within 20.1 GiB"]
+    assert labels == ["card: at most 24.0 GiB\n(sold as 24 GB)", "plan within 20.1 GiB"]
     plt.close(fig)
     fig = lesson09.estimators_figure(profiles, n, budget_bytes=24 * 2**30, cuda_margin=0.0)
-    assert [t.get_text() for t in fig.axes[0].texts] == ["card: about 24.0 GiB", "plan within 24.0 GiB"]
+    assert [t.get_text() for t in fig.axes[0].texts] == ["card: 24.0 GiB", "plan within 24.0 GiB"]
     plt.close(fig)
 
 

@@ -209,3 +209,69 @@ def test_activation_formulas_match_measurement() -> None:
     act = saved_activation_bytes(lambda: F.mse_loss(mlp(x), y))
     pred = formulas.mlp_activation_bytes(16, d_in=32, width=64, depth=2)
     assert act <= pred <= 1.1 * act, (act, pred)
+
+
+# -- mutation survivors (fresh run): published counts written out by hand for TINY ------------
+# TINY: V=5, s=3, h=4, a=2, L=2. Per block, by hand: 2*2h (two LayerNorms) + 3h^2+3h (qkv)
+# + h^2+h (proj) + 4h^2+4h (fc_in) + 4h^2+h (fc_out) = 16+60+20+80+68 = 244; embeddings (V+s)h = 32,
+# final LayerNorm 2h = 8, untied head hV = 20: 32 + 2*244 + 8 + 20 = 548.
+TINY_PARAMS = 548
+
+
+def test_gpt_param_count_by_hand_and_by_torch() -> None:
+    """gpt_param_count(TINY) is the hand count 548 and the numel of the built model."""
+    assert formulas.gpt_param_count(TINY) == TINY_PARAMS
+    assert sum(p.numel() for p in _gpt(TINY).parameters()) == TINY_PARAMS
+
+
+def test_gpt_activation_bytes_is_korthikanti_without_dropout_by_hand() -> None:
+    """Korthikanti 34sbh + 5as^2b less the dropout terms (32sbh + 2as^2b, 16-bit), + 2sbh + sbV, by hand."""
+    # b=2: sbh = 24, as^2b = 36, sbV = 30. fp32 (x2 of the 16-bit bytes): layer = 64*24 + 4*36 = 1680;
+    # L layers = 3360; final LayerNorm in/out and log-softmax: 4*(2*24 + 30) = 312.
+    assert formulas.gpt_activation_bytes(TINY, 2) == 3360 + 312
+    # 16-bit: layer = 32*24 + 2*36 = 840, L layers = 1680, plus 2*(48 + 30) = 156
+    assert formulas.gpt_activation_bytes(TINY, 2, dtype_bytes=2) == 1680 + 156
+
+
+def test_gpt_step_peak_bytes_by_hand() -> None:
+    """16 bytes/param + (L+1) fp32 Korthikanti layers (4-byte masks) + three logits, written out for b=2."""
+    # no dropout: layer = 64*24 + 4*36 = 1680 (see above); logits 3 * b*s*V * 4 = 3*30*4 = 360
+    assert formulas.gpt_step_peak_bytes(TINY, 2) == 16 * TINY_PARAMS + 3 * 1680 + 360 == 14168
+    # dropout 0.5: fp32 acts 64 sbh + two 4-byte sbh masks (8 sbh) = 72*24 = 1728; softmax, its
+    # 4-byte mask and the dropout output: 12*36 = 432; layer = 2160
+    drop = dataclasses.replace(TINY, dropout=0.5)
+    assert formulas.gpt_step_peak_bytes(drop, 2) == 16 * TINY_PARAMS + 3 * 2160 + 360 == 15608
+
+
+def test_predicted_step_peak_bytes_by_hand() -> None:
+    """16 bytes/param + per sequence the activations (by hand: 1956 B) and two sV float gradients."""
+    # elements per example: L(16sh + as^2) + 2sh + 2(2L+1)s + sV = 2*(192+18) + 24 + 30 + 15 = 489
+    assert activation_bytes_per_example(TINY) == 4 * 489 == 1956
+    per_seq = 1956 + 2 * 4 * 3 * 5
+    assert formulas.predicted_step_peak_bytes(TINY, 2) == 16 * TINY_PARAMS + 2 * per_seq == 12920
+
+
+def test_convnet_formulas_by_hand_and_by_torch() -> None:
+    """ConvNet activations and parameters with the default 3 input channels and 10 classes, by hand."""
+    # per image: size^2 (in + 2 width depth) + width = 16 * (3 + 12) + 3 = 243; batch 2, fp32
+    assert formulas.convnet_activation_bytes(2, width=3, depth=2, size=4) == 2 * 243 * 4
+    # bias-free 3x3 convs 9w(in + w(d-1)) = 9*3*(3+6) = 243, BatchNorm 2wd = 18, head w*10 + 10 = 40
+    assert formulas.convnet_param_count(3, 3) == 243 + 18 + 40
+    assert sum(p.numel() for p in ConvNet(3, 3, 3, 10).parameters()) == 301
+    assert formulas.convnet_param_count(5, 4, in_channels=2, classes=7) == sum(
+        p.numel() for p in ConvNet(2, 5, 4, 7).parameters())
+
+
+CONVNET_ARGS = {"batch": 2, "width": 3, "depth": 2, "size": 4, "in_channels": 3, "dtype_bytes": 4}
+MLP_ARGS = {"n": 2, "d_in": 3, "width": 4, "depth": 2, "expansion": 4, "dtype_bytes": 4}
+
+
+@pytest.mark.parametrize(("fn", "name"), [*(("convnet_activation_bytes", n) for n in CONVNET_ARGS),
+                                          *(("mlp_activation_bytes", n) for n in MLP_ARGS)])
+def test_activation_formulas_name_the_bad_argument(fn: str, name: str) -> None:
+    """A zero argument is refused with a message that starts with its own name."""
+    kwargs = dict(CONVNET_ARGS if fn.startswith("convnet") else MLP_ARGS)
+    kwargs[name] = 0
+    first = kwargs.pop(next(iter(kwargs)))
+    with pytest.raises(ValueError, match=f"^{name} must"):
+        getattr(formulas, fn)(first, **kwargs)

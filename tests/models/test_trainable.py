@@ -172,3 +172,13 @@ def test_a_pattern_matching_only_the_first_parameter() -> None:
     model = CausalLM(GPT2_TINY)
     apply_trainable(model, r"^tok\.")
     assert trainable_count(model) == 512 * 64
+
+
+def test_lora_a_starts_like_nn_linear_and_b_at_zero() -> None:
+    """LoRA's A is drawn like nn.Linear's weight, U(-1/sqrt(in), 1/sqrt(in)) (kaiming a=sqrt 5); B is zero."""
+    torch.manual_seed(0)
+    lora = LoRALinear(nn.Linear(64, 32), 64)
+    bound = 1 / 64**0.5  # nn.Linear's documented bound, 1/sqrt(in_features)
+    top = lora.lora_A.weight.abs().max().item()
+    assert 0.99 * bound < top <= bound * (1 + 1e-6)  # 4,096 draws reach the bound's last percent
+    assert torch.count_nonzero(lora.lora_B.weight) == 0

@@ -37,7 +37,7 @@ def test_cli_table_for_a_preset_that_does_not_fit(capsys: pytest.CaptureFixture[
     assert cli.main(["--preset", "gpt2-small", "--seq-len", "128", "--budget", "1GB"]) == 0
     out = capsys.readouterr().out
     assert "NO PLAN" in out and "floor" in out and "weights only" in out
-    assert "16% of a card sold as 1 GB" in out  # the margin as a share of what the card reports
+    assert "16% of 1.0 GiB" in out  # the margin as a share of what the card reports
     assert "note: mixed precision" in out and "16 B/param" in out  # a note, not a saving
     assert "Kahan" in out and "per-rank peak" in out
 

@@ -316,3 +316,30 @@ def test_weight_distance_of_two_runs() -> None:
         ref.weight.copy_(torch.tensor([[3.0, 4.0]]))
         run.weight.copy_(torch.tensor([[3.0, 0.0]]))
     assert weight_distance(run, ref) == pytest.approx(4 / 5)  # ||(0, -4)|| / ||(3, 4)||, not 4 / 3
+
+
+# -- Killing tests for the mutation run (new survivors) ---------------------------------------------------
+
+
+def test_angle_degrees_clamps_a_cosine_rounded_past_one() -> None:
+    """(0.1, 0.1, 0.3) with itself has a float64 cosine of 1.0000000000000002 (and -1.0000000000000002
+    with its negation): the angle is still 0 and 180 degrees, not a math domain error."""
+    v = torch.tensor([0.1, 0.1, 0.3])
+    assert compare_grads(v, v).cosine > 1.0 and compare_grads(v, -v).cosine < -1.0  # the rounding
+    assert angle_degrees(v, v) == 0.0
+    assert angle_degrees(v, -v) == 180.0
+
+
+def test_group_gradient_gives_zeros_for_a_trainable_parameter_the_loss_never_uses() -> None:
+    """A trainable parameter outside the forward pass has no gradient: its slice is zeros, and the
+    used weight's slice is torch's own gradient of the mean loss."""
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.used = torch.nn.Linear(3, 1, bias=False)
+    model.unused = torch.nn.Parameter(torch.ones(2))
+    model.forward = lambda x: model.used(x)
+    x, y = torch.randn(4, 3), torch.randn(4, 1)
+    got = group_gradient(model, F.mse_loss, [(x[:2], y[:2]), (x[2:], y[2:])])
+    want = torch.autograd.grad(F.mse_loss(model.used(x), y), model.used.weight)[0].reshape(-1)
+    assert [p.shape for p in trainable_params(model)] == [(2,), (1, 3)]  # the unused one comes first
+    assert torch.equal(got[:2], torch.zeros(2)) and torch.allclose(got[2:], want, atol=1e-6)

@@ -262,3 +262,58 @@ def test_default_block_wrapper_matches_the_notebooks_checkpoint_call() -> None:
     expected = {policy: kept(wrapper) for policy, wrapper in notebook.items()}
     assert len(set(expected.values())) == 3  # the three policies keep different amounts
     assert {policy: kept(ckpt.make_block_wrapper(policy)) for policy in notebook} == expected
+
+
+# -- Killing tests for the mutation run (new survivors) ---------------------------------------------------
+
+
+class _Stack(torch.nn.Module):
+    """A model without `block_wrapper`: a small ModuleList (6 parameters) and the 3 blocks it runs (120)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.ModuleList([torch.nn.Linear(2, 2, bias=True)])
+        self.blocks = torch.nn.ModuleList([torch.nn.Sequential(
+            torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4), torch.nn.Tanh())
+                                           for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x.square()
+
+
+def test_blocks_of_picks_the_module_list_with_the_most_parameters() -> None:
+    """Hand count: `head` has 2x2 + 2 = 6 parameters, `blocks` 3 x 2 x (4x4 + 4) = 120, so blocks wins."""
+    torch.manual_seed(0)
+    net = _Stack()
+    assert ckpt.blocks_of(net) is net.blocks
+
+
+def test_apply_ac_full_on_a_model_without_block_wrapper_keeps_outputs_and_gradients() -> None:
+    """Checkpointing the blocks through their `forward` changes neither the output nor the gradients
+    (torch's plain run of the same model), and saves less for backward."""
+    torch.manual_seed(0)
+    net = _Stack()
+    x = torch.randn(8, 4)
+    want = net(x)
+    want_grads = torch.autograd.grad(want.sum(), list(net.blocks.parameters()))
+    plain = saved_activation_bytes(lambda: net(x).sum())
+    with ckpt.apply_ac(net, "full"):
+        got = net(x)
+        got_grads = torch.autograd.grad(got.sum(), list(net.blocks.parameters()))
+        full = saved_activation_bytes(lambda: net(x).sum())
+    assert torch.equal(got, want)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert torch.allclose(g, w, atol=1e-6)
+    assert (plain, full) == (6 * 8 * 4 * 4, 3 * 8 * 4 * 4)  # both tanh outputs of each block, or its output
+
+
+def test_apply_ac_mode_none_is_the_same_as_mode_none_string() -> None:
+    """mode=None, like "none", lifts a model's own block wrapper while inside and puts it back after."""
+    model, _, _ = _gpt(n_layers=2, dropout=0.0)
+    own = ckpt.make_block_wrapper("full")
+    model.block_wrapper = own
+    with ckpt.apply_ac(model, None) as wrapper:
+        assert wrapper is None and model.block_wrapper is None
+    assert model.block_wrapper is own

@@ -326,6 +326,7 @@ def test_cuda_phase_peaks_add_the_allocators_rounding_and_leave_out_foreign_tens
                                      "activations": 0, "other": 512 * block}
     assert m.forward_peak_bytes == 2 * p_bytes and m.optimizer_peak_bytes == 2 * p_bytes + 512 * block
     assert m.binding_phase == "optimizer"
+    assert m.inside_kernels_bytes >= 512 * block  # the rounding counts as the kernels' own bytes
 
     def forward_only() -> None:
         opt.zero_grad(set_to_none=True)
@@ -338,3 +339,116 @@ def test_cuda_phase_peaks_add_the_allocators_rounding_and_leave_out_foreign_tens
     assert n.forward_peak_bytes == p_bytes + 256 * block and n.optimizer_peak_bytes == 0
     assert n.forward_breakdown["other"] == 256 * block - p_bytes and n.binding_phase == "forward"
     del held
+
+
+# -- Killing tests for the mutation run (new survivors): phase_peaks on hand-built timelines ------------
+
+
+def _timeline(phase_list: list[str], totals: list[int], inside: list[int]):
+    """A Timeline whose activations are `totals` (other 0), with `inside` as its kernels' own bytes."""
+    from helpers.measure.timeline import Timeline
+
+    return Timeline(ops=[f"op{i}" for i in range(len(totals))], phases=phase_list,
+                    series={"activations": list(totals), "other": [0] * len(totals)}, inside_kernels=inside)
+
+
+def test_phase_peaks_first_step_ends_where_a_forward_follows_a_backward() -> None:
+    """Hand count: ops 0-2 are micro-step 1 (op 1 is a second forward op, not a new micro-step), op 3
+    starts micro-step 2. First step peaks at op 2 (3 bytes), forward at op 3 (10), the step at op 5 (7)."""
+    t = _timeline(["forward", "forward", "backward", "forward", "backward", "optimizer"],
+                  [1, 2, 3, 10, 4, 7], [0, 0, 30, 100, 0, 70])
+    out = phases.phase_peaks(t)
+    assert out["first step"] == (3, {"activations": 3, "other": 0}, 30)
+    assert out["forward"] == (10, {"activations": 10, "other": 0}, 100)
+    assert out["optimizer"] == (7, {"activations": 7, "other": 0}, 70)
+    assert out["overall"] == out["forward"]
+    assert set(out) == {"forward", "optimizer", "first step", "overall"}
+
+
+def test_phase_peaks_first_step_ends_where_a_forward_follows_a_recompute_at_op_one() -> None:
+    """A forward op right after a recompute (here at op 1) starts the second micro-step, so the first
+    step is op 0 alone (1 byte); no optimizer op: that phase is (0, zeros, 0)."""
+    t = _timeline(["recompute", "forward", "backward"], [1, 5, 3], [1, 2, 3])
+    out = phases.phase_peaks(t)
+    assert out["first step"] == (1, {"activations": 1, "other": 0}, 1)
+    assert out["forward"] == (5, {"activations": 5, "other": 0}, 2)
+    assert out["optimizer"] == (0, {"activations": 0, "other": 0}, 0)
+    assert out["overall"] == out["forward"]
+
+
+def test_phase_peaks_overall_is_the_optimizer_phase_when_it_is_larger() -> None:
+    """Forward peaks at 4 bytes, the step at 9: "overall" is the step's peak, breakdown and inside bytes."""
+    out = phases.phase_peaks(_timeline(["forward", "backward", "optimizer"], [4, 2, 9], [0, 0, 5]))
+    assert out["overall"] == (9, {"activations": 9, "other": 0}, 5) == out["optimizer"]
+
+
+# -- measure_phases: first step and the `del predictions` loop, against a hand count ---------------------
+
+
+def _mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (pred - target).square().mean()
+
+
+def _accumulated_linear16(k: int) -> phases.PhaseMemory:
+    model = _linear16()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(64, 16, generator=gen), torch.randn(64, 16, generator=gen)) for _ in range(2)]
+
+    def update() -> None:
+        phases.accumulate_update(model, opt, batches[:k], loss_fn=_mse)
+
+    update()
+    return phases.measure_phases(update, model=model, optimizer=opt)
+
+
+def test_first_step_peak_is_the_peak_of_an_update_of_one_micro_step() -> None:
+    """K = 2: the first micro-step peaks like a K = 1 update's forward phase (no gradient yet); the whole
+    forward phase adds the 16x16 gradient (1024 bytes) the second micro-step runs with."""
+    one, two = _accumulated_linear16(1), _accumulated_linear16(2)
+    assert isinstance(two.first_step_peak_bytes, int)
+    assert two.first_step_peak_bytes == one.forward_peak_bytes
+    assert two.first_step_breakdown == one.forward_breakdown and two.first_step_breakdown["gradients"] == 0
+    assert two.forward_peak_bytes == two.first_step_peak_bytes + P16
+    assert two.forward_breakdown["gradients"] == P16
+
+
+def test_released_drops_the_last_predictions_from_both_phases() -> None:
+    """`del predictions` frees the 64x16 float32 logits (4096 bytes): the loop as written holds them
+    at its forward peak and through the step, the released loop does not."""
+    m = _accumulated_linear16(2)
+    r = m.released
+    assert r is not None and r.released is None
+    logits = 64 * 16 * 4
+    assert m.forward_peak_bytes - r.forward_peak_bytes == logits
+    assert m.optimizer_peak_bytes - r.optimizer_peak_bytes == logits
+    assert m.forward_breakdown["activations"] - r.forward_breakdown["activations"] == logits
+    assert r.first_step_peak_bytes < m.first_step_peak_bytes
+
+
+def test_an_update_without_release_points_has_no_released_result() -> None:
+    """A hand-written loop that never calls `release_point` gets `released` None."""
+    m, _ = _measure_linear16(lambda p: torch.optim.SGD(p, lr=0.1), batch=4)
+    assert m.released is None
+
+
+def test_phase_memory_defaults_and_annotations() -> None:
+    """The optional fields default to 0 / None, and the annotations resolve (no `&` types)."""
+    import typing
+
+    zero = dict.fromkeys(("parameters", "gradients", "optimizer_state", "activations", "other"), 0)
+    m = phases.PhaseMemory(10, zero, "cpu", "cpu-tracker", 5, zero, 10, zero)
+    assert m.first_step_peak_bytes == 0 and isinstance(m.first_step_peak_bytes, int)
+    assert m.first_step_breakdown is None and m.released is None
+    assert m.inside_kernels_bytes == 0 and isinstance(m.inside_kernels_bytes, int)
+    hints = typing.get_type_hints(phases.PhaseMemory)
+    assert hints["first_step_breakdown"] == (dict[str, int] | None)
+    assert hints["released"] == (phases.PhaseMemory | None)
+
+
+def test_measure_phases_refuses_a_meta_model_by_its_own_name() -> None:
+    """A model on the meta device is refused, and the message names measure_phases."""
+    model = torch.nn.Linear(2, 2, device="meta")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="^measure_phases measures a real step"):
+        phases.measure_phases(lambda: None, model=model, optimizer=opt)

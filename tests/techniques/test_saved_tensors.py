@@ -337,3 +337,40 @@ def test_saved_tensor_bytes_by_op_and_dtype() -> None:
         saved_tensor_bytes(42, model)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="requires grad"):
         saved_tensor_bytes(lambda: torch.ones(2), model)
+
+
+# -- Killing tests for the mutation run (new survivors) ---------------------------------------------------
+
+
+def _one_weight() -> tuple[torch.nn.Module, torch.nn.Parameter]:
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.arange(1.0, 5.0))
+    return model, model.w
+
+
+def test_saved_table_leaves_out_an_empty_saved_tensor() -> None:
+    """An empty (0x4) tensor made in the call and saved by `mul` holds no storage: no row at all.
+    The parameter `mul` saves existed before the call, so the table is empty."""
+    model, w = _one_weight()
+
+    def forward() -> torch.Tensor:
+        empty = torch.zeros(0, 4) * 2
+        return (empty * w).sum() + (w * 3).sum()
+
+    assert saved_tensor_bytes(forward, model) == {}
+
+
+def test_a_graph_built_while_counting_still_backpropagates() -> None:
+    """The hook hands saved tensors back unchanged: a loss the forward kept still backpropagates to the
+    hand-derived gradient (d/dw sum(exp(w * w)) = 2w exp(w * w)); its row is exp's 16-byte output."""
+    model, w = _one_weight()
+    kept: list[torch.Tensor] = []
+
+    def forward() -> torch.Tensor:
+        kept.append((w * w).exp().sum())
+        return kept[-1]
+
+    table = saved_tensor_bytes(forward, model)
+    assert table == {("exp", "float32"): 16}  # exp saves its output; w itself is left out
+    kept[0].backward()
+    assert torch.allclose(w.grad, 2 * w.detach() * (w.detach() ** 2).exp())

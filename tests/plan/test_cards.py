@@ -1,0 +1,64 @@
+"""The cards `--gpu` names: what torch reports for each, from published prints, and the budget it gives."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers.meta.target_kernels import GPUS
+from helpers.plan import cli
+from helpers.plan.calibration import CALIBRATION_DIR
+from helpers.plan.cards import CARDS, CONTEXT_BYTES, auto_card, budget_bytes, card
+
+
+def test_every_card_sold_as_n_gb_reports_less_than_n_gib() -> None:
+    """No card reports what it is sold as, read in GiB: an L4 sold as 24 GB reports 21.96 GiB, an H200 sold
+    as 141 GB 139.8 GiB; each row names the print its total comes from."""
+    for c in CARDS.values():
+        sold = float(c.sold_as.split()[0])
+        assert 0.85 * sold < c.total_gib < sold, (c.name, c.total_gib, c.sold_as)
+        assert c.device_name.removeprefix("NVIDIA ") in c.source, c.name  # the print names the card
+    assert round(card("L4").total_gib, 2) == 21.96 and round(card("T4").total_gib, 2) == 14.75
+
+
+def test_the_h200_row_agrees_with_our_own_run_and_capabilities_with_the_kernel_table() -> None:
+    """The published H200 print and our H200 run (docs/calibration) agree on 139.8 GiB; a card named in
+    both tables has one compute capability."""
+    run = json.loads(next(CALIBRATION_DIR.glob("h200-*.json")).read_text())["run"]
+    assert abs(card("H200").total_gib - run["total_memory_gib"]) < 0.05
+    for name, cap in GPUS.items():
+        if name in CARDS:
+            assert CARDS[name].capability == cap, name
+
+
+def test_cards_are_found_by_name_or_device_name_and_others_are_refused() -> None:
+    """`card` reads "l4" and "NVIDIA L4" alike; an unknown name is a ValueError listing the known ones."""
+    assert card("l4") is card("NVIDIA L4") is CARDS["L4"]
+    assert card("nvidia h100 80gb hbm3") is CARDS["H100"]
+    with pytest.raises(ValueError, match="known cards are T4, .*H200"):
+        card("A100")  # 40 or 80 GB: ambiguous, so not one card
+    assert budget_bytes(CARDS["L4"]) == 23583784960 - CONTEXT_BYTES
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without a GPU gets")
+def test_auto_without_a_gpu_says_so() -> None:
+    """`--gpu auto` on a machine without CUDA is an error naming the cards to pick from instead."""
+    with pytest.raises(ValueError, match="needs a CUDA GPU.*L4"):
+        auto_card()
+
+
+def test_the_command_plans_for_the_card_unless_a_budget_is_given(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--gpu L4` alone plans within what an L4 reports less the context; `--budget` still overrides."""
+    args = ["--preset", "gpt2-small", "--seq-len", "64", "--effective-batch", "8", "--json"]
+    assert cli.main([*args, "--gpu", "L4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["budget_bytes"] == 23583784960 - CONTEXT_BYTES
+    assert any(line.startswith("budget 21.59 GiB: the NVIDIA L4 (sold as 24 GB) reports 21.96 GiB")
+               for line in out["source"])
+    assert cli.main([*args, "--gpu", "L4", "--budget", "8GiB"]) == 0
+    assert json.loads(capsys.readouterr().out)["budget_bytes"] == 8 * 2**30
+    with pytest.raises(SystemExit):
+        cli.main([*args, "--gpu", "bogus"])
+    assert "T4, V100-16GB, L4" in capsys.readouterr().err
