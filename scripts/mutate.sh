@@ -38,7 +38,7 @@ start=$(date +%s)
 cd "$ROOT"
 rm -f .mutate/problems.log "$OUT"
 mkdir "$WORK/src"
-tar cf - --exclude=__pycache__ helpers tests scripts notebooks conftest.py pyproject.toml | tar xf - -C "$WORK/src"
+tar cf - --exclude=__pycache__ helpers tests scripts notebooks docs/calibration conftest.py pyproject.toml | tar xf - -C "$WORK/src"
 cp scripts/mutmut_config.py "$WORK/src/mutmut_config.py"
 cd "$WORK/src"
 

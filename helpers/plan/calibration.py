@@ -66,8 +66,14 @@ def _row(run: dict, row: dict) -> CalibrationRow:
 
 
 def load_rows(directory: Path | None = None) -> list[CalibrationRow]:
-    """Every replayable row of every docs/calibration/*.json (none when the folder is absent, as in a
-    wheel install)."""
+    """Every replayable row of every docs/calibration/*.json.
+
+    Args:
+        directory: the folder to read (default: the repository's docs/calibration/).
+
+    Returns:
+        The rows, file by file in name order; none when the folder is absent (as in a wheel install).
+    """
     folder = CALIBRATION_DIR if directory is None else instance_arg("directory", directory, Path)
     rows: list[CalibrationRow] = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
@@ -77,17 +83,27 @@ def load_rows(directory: Path | None = None) -> list[CalibrationRow]:
 
 
 def replay(row: CalibrationRow) -> int:
-    """Today's plan, in bytes, of the row's configuration: a meta profile of the preset for the row's
-    card (no GPU needed)."""
+    """Today's plan of what the row's step allocates on its card, computed without a GPU.
+
+    Args:
+        row: a committed measurement (`load_rows`).
+
+    Returns:
+        Bytes: a meta profile of the row's preset and configuration for the row's compute capability,
+        plus the cuBLAS workspaces the plan models (`cards.cublas_workspace_bytes`, with
+        CUBLAS_WORKSPACE_CONFIG unset, as the runs measure).
+    """
     from helpers.meta.profiler import Profiler
+    from helpers.plan.cards import cublas_workspace_bytes
     from helpers.plan.presets import preset_spec
 
     instance_arg("row", row, CalibrationRow)
     build, spec, _ = preset_spec(row.model, row.seq_len)
     profiler = Profiler(build, spec, "adam", target="cuda", precision=row.precision,
                         capability=row.capability)
-    return profiler.step(row.micro_batch, checkpoint=row.checkpoint,
-                         accumulation_steps=row.accumulation_steps).peak_bytes
+    tensors = profiler.step(row.micro_batch, checkpoint=row.checkpoint,
+                            accumulation_steps=row.accumulation_steps).peak_bytes
+    return tensors + cublas_workspace_bytes(row.capability, config="")
 
 
 def replay_error(row: CalibrationRow, plan_bytes: int | None = None) -> float:

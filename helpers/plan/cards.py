@@ -7,16 +7,21 @@ which lives outside the caching allocator. A card sold as "24 GB" is not 24 GiB:
 and ECC (a T4 reports 14930 to 15109 MiB), so each row keeps the print it comes from.
 
 `card(name)` finds a row (a `ValueError` lists the known names); `budget_bytes(card)` is its total
-less the context; `auto_card()` reads the GPU this process sees.
+less the context; `auto_card()` reads the GPU this process sees. `cublas_workspace_bytes` is what a
+training step's cuBLAS workspaces take from the caching allocator, beside the tensors a meta
+profile counts.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
-from helpers.core.validate import instance_arg
+from helpers.core.validate import instance_arg, int_in_range, positive_int
 
-__all__ = ["CARDS", "CONTEXT_BYTES", "CONTEXT_SOURCE", "Card", "auto_card", "budget_bytes", "card"]
+__all__ = ["CARDS", "CONTEXT_BYTES", "CONTEXT_SOURCE", "CUBLAS_HANDLES", "CUBLAS_SOURCE", "Card", "auto_card",
+           "budget_bytes", "card", "cublas_workspace_bytes"]
 
 MIB = 2**20
 
@@ -125,3 +130,39 @@ def auto_card() -> Card:
     return Card("auto", props.name, 10 * props.major + props.minor, int(props.total_memory), "this GPU",
                 f"torch.cuda.get_device_properties(0) on this machine; mem_get_info: {free / 2**30:.2f} GiB "
                 f"free of {total / 2**30:.2f} GiB")
+
+
+# torch's aten/src/ATen/cuda/CublasHandlePool.cpp: each (cuBLAS handle, stream) pair gets one workspace
+# from the caching allocator (so it is inside max_memory_allocated), of CUBLAS_WORKSPACE_CONFIG's
+# ":SIZE:COUNT" pairs (KiB) or, unset, ":4096:2:16:8" (8 MiB + 128 KiB), 32 MiB on Hopper and Blackwell
+# (major 9, 10, 11, 12). Handles are per thread, and autograd runs a CUDA backward on its own device
+# thread (torch/csrc/autograd/engine.cpp), so a training step holds at least two. cuBLASLt shares the
+# cuBLAS workspace by default (TORCH_CUBLASLT_UNIFIED_WORKSPACE).
+CUBLAS_HANDLES = 2
+CUBLAS_SOURCE = ("torch aten/src/ATen/cuda/CublasHandlePool.cpp: one workspace per handle and stream, "
+                 "from the caching allocator, ':4096:2:16:8' or 32 MiB on sm90 and later; the forward's "
+                 "thread and autograd's device thread hold one each")
+_DEFAULT_KIB = ((4096, 2), (16, 8))
+_WORKSPACE_PAIR = re.compile(r":([0-9]+):([0-9]+)")
+
+
+def cublas_workspace_bytes(capability: int, config: str | None = None, handles: int = CUBLAS_HANDLES) -> int:
+    """What a training step's cuBLAS workspaces take from the caching allocator, in bytes.
+
+    Args:
+        capability: the card's compute capability as an sm number (90 for an H100 or H200).
+        config: `CUBLAS_WORKSPACE_CONFIG` as torch reads it (":4096:8" or ":4096:2:16:8", each pair
+            SIZE KiB x COUNT); None reads the environment; "" means unset.
+        handles: the workspaces held at once (the forward's thread and autograd's backward thread).
+
+    Returns:
+        `handles` x one workspace: 2 x 32 MiB on sm90 and later, 2 x 8.125 MiB before, by default.
+    """
+    cap = int_in_range("capability", capability, 30, 129)
+    positive_int("handles", handles)
+    text = (os.environ.get("CUBLAS_WORKSPACE_CONFIG", "") if config is None
+            else instance_arg("config", config, str))
+    pairs = [(int(s), int(n)) for s, n in _WORKSPACE_PAIR.findall(text)]
+    if not pairs:  # unset, or a value torch cannot parse (it warns and takes the default too)
+        pairs = [(32 * 1024, 1)] if cap // 10 in (9, 10, 11, 12) else list(_DEFAULT_KIB)
+    return handles * sum(size * 1024 * count for size, count in pairs)

@@ -10,6 +10,7 @@ try `--model helpers.plan.presets:example_classifier` with.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import sys
@@ -20,7 +21,7 @@ from helpers.core.training import OPTIMIZERS
 from helpers.meta.profiler import CHECKPOINTS, OPTIMIZER_IMPLS, PRECISIONS, TARGETS, Profiler
 from helpers.meta.target_kernels import GPUS
 from helpers.plan.calibration import status
-from helpers.plan.cards import CARDS, CONTEXT_SOURCE, Card, auto_card, budget_bytes, card
+from helpers.plan.cards import CARDS, CONTEXT_BYTES, CONTEXT_SOURCE, Card, auto_card, budget_bytes, card
 from helpers.plan.hf_configs import BUILDERS, NO_TRANSFORMERS, transformers_missing
 from helpers.plan.presets import (
     DEFAULT_CUDA_MARGIN,
@@ -191,6 +192,8 @@ def _run(args: argparse.Namespace) -> tuple[tuple[str, ...], PlanReport]:
         cuda_margin=args.cuda_margin,
         min_micro_batch=args.min_micro_batch,
     )
+    if gpu is not None and args.budget is None:  # the budget is the card's: show the card as a whole
+        report = dataclasses.replace(report, card_total_bytes=gpu.total_bytes, context_bytes=CONTEXT_BYTES)
     return tuple(lines), report
 
 

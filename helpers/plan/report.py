@@ -21,7 +21,7 @@ from helpers.measure.memory_profile import MemoryProfile
 from helpers.meta.model_profile import ModelProfile
 from helpers.meta.profiler import CHECKPOINTS, PURE_BF16_WARNING, Profiler
 from helpers.meta.step_profile import StepProfile
-from helpers.plan.cards import CARDS
+from helpers.plan.cards import CARDS, CUBLAS_SOURCE, cublas_workspace_bytes
 from helpers.plan.estimates import CAVEATS, estimates_beside_ours, remedy_savings
 from helpers.plan.planner import Plan, recommend
 from helpers.plan.presets import DEFAULT_CUDA_MARGIN, GB
@@ -119,6 +119,11 @@ class PlanReport:
     # per mode: (micro-batches (lo, hi), bytes one more example adds to the peak between them, from full
     # profiles with `check`, else the fit's activation + other slopes, with lo == hi == 0)
     growth: dict[str, tuple[int, int, float]] = field(default_factory=dict)
+    # CUDA target: what the step's cuBLAS workspaces take from the caching allocator beside the tensors
+    workspace_bytes: int = 0
+    # the card the budget came from (`--gpu L4`): what it reports, and the CUDA context outside the allocator
+    card_total_bytes: int | None = None
+    context_bytes: int = 0
 
     @property
     def floor_bytes_per_param(self) -> float:
@@ -132,6 +137,13 @@ class PlanReport:
         if self.plan is None:
             return None
         return max(self.plan.predicted_peak_bytes, self.checked_peak_bytes or 0)
+
+    @property
+    def predicted_allocated_bytes(self) -> int | None:
+        """What `torch.cuda.max_memory_allocated` should read for the plan: the tensors' peak plus the
+        cuBLAS workspaces (0 on a CPU target)."""
+        peak = self.predicted_peak_bytes
+        return None if peak is None else peak + self.workspace_bytes
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict (bytes as ints)."""
@@ -163,6 +175,7 @@ class PlanReport:
                 "accumulation_steps": self.plan.accumulation_steps,
                 "checkpoint": self.plan.checkpoint,
                 "predicted_peak_bytes": self.predicted_peak_bytes,
+                "predicted_allocated_bytes": self.predicted_allocated_bytes,
                 "fitted_peak_bytes": self.plan.predicted_peak_bytes,
                 "checked_peak_bytes": self.checked_peak_bytes,
                 "del_predictions_peak_bytes": self.released_peak_bytes,
@@ -189,6 +202,9 @@ class PlanReport:
             "profiles": prof,
             "budget_bytes": round(self.budget_bytes),
             "usable_bytes": round(self.usable_bytes),
+            "cuda_workspace_bytes": self.workspace_bytes,
+            "card_total_bytes": self.card_total_bytes,
+            "cuda_context_bytes": self.context_bytes if self.card_total_bytes is not None else None,
             "effective_batch": self.effective_batch,
             "plan": plan,
             "refusal": self.refusal or None,
@@ -248,6 +264,17 @@ class PlanReport:
                          f"{_fmt(self.predicted_peak_bytes)}, the larger of the fit's "
                          f"{_fmt(self.plan.predicted_peak_bytes)}{checked})")
             lines.append(f"  {self.plan.reason}")
+            if self.workspace_bytes:
+                lines.append(f"  on the card: tensors {_fmt(self.predicted_peak_bytes)} + cuBLAS workspaces "
+                             f"{_fmt(self.workspace_bytes)} = {_fmt(self.predicted_allocated_bytes)} "
+                             f"allocated [{CUBLAS_SOURCE}]")
+            if self.card_total_bytes is not None:
+                used = (self.predicted_allocated_bytes or 0) + self.context_bytes
+                total = self.card_total_bytes
+                lines.append(f"  what nvidia-smi would show at the peak: {_fmt(used)} (allocated + the CUDA "
+                             f"context {_fmt(self.context_bytes)}) of the card's {_fmt(total)}, "
+                             f"{_fmt(total - used)} left for fragmentation (reserved minus allocated, not "
+                             "modelled) and what else the margin covers")
             if self.released_peak_bytes is not None:
                 lines.append(
                     f"  with `del predictions` after the loss: peak {_fmt(self.released_peak_bytes)}, saves "
@@ -307,7 +334,8 @@ def plan_model(
     which is asked for it. `checkpoint="blocks"` lets the planner checkpoint every block when
     nothing fits without it; "none" keeps it off. For a CUDA target the planner keeps
     `cuda_margin` (a fraction) of the budget free for what tensors do not show: the
-    CUDA context, cuBLAS/cuDNN workspaces and the caching allocator's fragmentation.
+    CUDA context, cuDNN workspaces and the caching allocator's fragmentation; the cuBLAS
+    workspaces are modelled (`cards.cublas_workspace_bytes`) and planned within the budget.
     With `check`, every candidate the fit says fits is profiled again in full before it is
     chosen; one whose full profile is over the budget is skipped and the next smaller one is
     tried (`recommend(verify=...)`), so the plan is never refused while a smaller micro-batch
@@ -329,6 +357,7 @@ def plan_model(
     budget = positive_number("budget_bytes", budget_bytes)
     margin = number_in_range("cuda_margin", cuda_margin, 0.0, 1.0, high_open=True)
     usable = budget * (1 - margin) if profile.target == "cuda" else budget
+    workspace = cublas_workspace_bytes(profile.capability) if profile.target == "cuda" else 0
     profiles = {m: p for m, p in profile.profiles.items() if checkpoint != "none" or m == "plain"}
     steps = {m: profile.steps[m] for m in profiles}
 
@@ -336,7 +365,8 @@ def plan_model(
         """The candidate profiled in full (K >= 2 stands for any K >= 2): the plan never goes below it."""
         return profile.full_step(b, k, ckpt).peak_bytes
 
-    plan, refusal = _plan(profiles, usable, effective_batch, min_micro_batch, verify if check else None)
+    plan, refusal = _plan(profiles, usable - workspace, effective_batch, min_micro_batch,
+                          verify if check else None)
     checked, released = None, None
     if plan is not None and check:
         full = profile.full_step(plan.micro_batch, plan.accumulation_steps, plan.checkpoint)
@@ -367,7 +397,8 @@ def plan_model(
             "grouped-query attention; with a mask Transformers expands K and V first, and the copies are "
             "saved); foreach optimizer (about one "
             f"parameter-sized temporary during the step); {margin:.0%} of the budget kept free "
-            "(--cuda-margin) for what the profile does not count: cuBLAS/cuDNN workspaces and kernels "
+            f"(--cuda-margin) beside the modelled cuBLAS workspaces ({_fmt(workspace)}) for what the profile "
+            "does not count: cuDNN workspaces and kernels "
             "other than the assumed ones (inside torch.cuda.max_memory_allocated), fragmentation "
             "(memory_reserved minus memory_allocated) and the CUDA context (outside the allocator; "
             "nvidia-smi shows it)"
@@ -406,4 +437,5 @@ def plan_model(
         profile.n_trainable,
         profile.trainable,
         growth=growth,
+        workspace_bytes=workspace,
     )

@@ -10,7 +10,7 @@ import torch
 from helpers.meta.target_kernels import GPUS
 from helpers.plan import cli
 from helpers.plan.calibration import CALIBRATION_DIR
-from helpers.plan.cards import CARDS, CONTEXT_BYTES, auto_card, budget_bytes, card
+from helpers.plan.cards import CARDS, CONTEXT_BYTES, auto_card, budget_bytes, card, cublas_workspace_bytes
 
 
 def test_every_card_sold_as_n_gb_reports_less_than_n_gib() -> None:
@@ -62,3 +62,39 @@ def test_the_command_plans_for_the_card_unless_a_budget_is_given(capsys: pytest.
     with pytest.raises(SystemExit):
         cli.main([*args, "--gpu", "bogus"])
     assert "T4, V100-16GB, L4" in capsys.readouterr().err
+
+
+def test_cublas_workspaces_follow_torchs_sizes_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workspaces (the forward's thread and autograd's): 32 MiB each on sm90 and later, ':4096:2:16:8'
+    (8 MiB + 128 KiB) before; CUBLAS_WORKSPACE_CONFIG's SIZE KiB x COUNT pairs when set, ':0:0' none."""
+    assert cublas_workspace_bytes(90, "") == cublas_workspace_bytes(120, "") == 2 * 32 * 2**20
+    assert cublas_workspace_bytes(89, "") == cublas_workspace_bytes(75, "") == 2 * (8 * 2**20 + 128 * 1024)
+    assert cublas_workspace_bytes(80, ":4096:8") == 2 * 32 * 2**20
+    assert cublas_workspace_bytes(90, ":16:8") == 2 * 128 * 1024
+    assert cublas_workspace_bytes(90, ":0:0") == 0
+    assert cublas_workspace_bytes(80, "junk") == cublas_workspace_bytes(80, "")  # torch warns: the default
+    assert cublas_workspace_bytes(90, "", handles=1) == 32 * 2**20
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":1024:3")
+    assert cublas_workspace_bytes(90) == 2 * 3 * 2**20
+    with pytest.raises(ValueError, match="^capability"):
+        cublas_workspace_bytes(200)
+
+
+def test_a_card_plan_shows_the_workspaces_and_the_card_as_nvidia_smi_would(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`--gpu H200` plans within the card less the context, with the workspaces planned beside the tensors
+    (allocated = tensors + 64 MiB), and prints what nvidia-smi would show; `--budget` drops the card line."""
+    args = ["--preset", "gpt2-small", "--seq-len", "64", "--effective-batch", "8"]
+    assert cli.main([*args, "--gpu", "H200", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    plan = out["plan"]
+    assert out["cuda_workspace_bytes"] == 2 * 32 * 2**20
+    assert plan["predicted_allocated_bytes"] == plan["predicted_peak_bytes"] + 2 * 32 * 2**20
+    assert (out["card_total_bytes"], out["cuda_context_bytes"]) == (CARDS["H200"].total_bytes, CONTEXT_BYTES)
+    assert cli.main([*args, "--gpu", "H200"]) == 0
+    text = capsys.readouterr().out
+    assert "+ cuBLAS workspaces 64.0 MiB" in text and "what nvidia-smi would show at the peak" in text
+    assert cli.main([*args, "--gpu", "H200", "--budget", "8GiB", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["card_total_bytes"] is None
+    assert cli.main([*args, "--target", "cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cuda_workspace_bytes"] == 0
