@@ -66,7 +66,7 @@ TESTS = {
     "helpers/plan/hf_configs.py": "tests/plan/test_hf_configs.py",
     "helpers/models/trainable.py": "tests/models/test_trainable.py",
     "helpers/plan/calibration.py": "tests/plan/test_calibration.py",
-    "helpers/plan/cards.py": "tests/plan/test_cards.py tests/plan/test_cli.py",
+    "helpers/plan/cards.py": "tests/plan/test_cards.py",
 }
 PYTEST = "-x -q -p no:cacheprovider --assert=plain"  # a verdict needs no rewritten asserts
 DISABLED_TYPES = ("fstring", "decorator")  # scripts/mutate.sh passes these to --disable-mutation-types

@@ -18,6 +18,7 @@ from helpers.meta.profiler import Profiler
 from helpers.models.architecture_config import param_count
 from helpers.models.architectures import CausalLM
 from helpers.plan import cli, estimates
+from helpers.plan.cards import cublas_workspace_bytes
 from helpers.plan.presets import parse_budget, preset_spec
 from helpers.plan.report import _count, margin_line, plan_model, reported_card_bytes
 
@@ -116,6 +117,11 @@ def test_a_cpu_plan_says_which_thread_count_it_holds_for() -> None:
         cuda = plan_model(Profiler(build, spec, target="cuda"), name="tiny", budget_bytes=8e9,
                           effective_batch=4, checkpoint="none", check=False)
         assert cuda.to_dict()["cpu_threads"] is None and "intra-op thread" not in cuda.table()
+        # the cuBLAS workspaces: planned beside a CUDA target's tensors (sm80: 2 x 8.125 MiB), none on CPU
+        assert report.workspace_bytes == 0 and report.to_dict()["cuda_workspace_bytes"] == 0
+        plan = cuda.to_dict()["plan"]
+        assert cuda.workspace_bytes == cublas_workspace_bytes(80, "") == 2 * (8 * 2**20 + 128 * 1024)
+        assert plan["predicted_allocated_bytes"] == plan["predicted_peak_bytes"] + cuda.workspace_bytes
     finally:
         torch.set_num_threads(before)
 
