@@ -113,6 +113,7 @@ def test_parse_version_and_check_validate() -> None:
     assert main(["--bogus"]) == 2
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch and every lesson dependency (7 s): make test
 def test_module_runs_from_the_command_line() -> None:
     proc = subprocess.run([sys.executable, "-m", "helpers.env_check"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "MPLBACKEND": "Agg"})

@@ -27,6 +27,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # starts a JupyterLab server (5 s): make test
 def test_jupyterlab_serves_the_notebooks(tmp_path: Path) -> None:
     if importlib.util.find_spec("jupyterlab") is None:
         reason = "JupyterLab is not installed (pip install -e '.[lab]')"

@@ -157,6 +157,7 @@ def test_discovery_rejects_bad_arguments() -> None:
 # --- issue 10 part 4: without a browser (nbval, nbconvert), a widget renders once and never waits ---------
 
 
+@pytest.mark.slow  # executes every widget cell in a kernel (6 s): make test
 def test_widgets_render_once_without_a_frontend(tmp_path: Path) -> None:
     """A kernel with no frontend attached runs interact() once with the defaults and returns at once.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.tiers import check_cases
 from test_profiler import MODELS
 
 from helpers.meta.memo import MetaMemo
@@ -81,9 +82,10 @@ def test_the_limit_is_validated_and_kept() -> None:
     assert memo.hits == 0
 
 
-@pytest.mark.parametrize(("name", "precision", "target"), [
+@pytest.mark.parametrize(("name", "precision", "target"), check_cases([
     ("conv-batchnorm", "bf16", "cpu"), ("gpt-fused-attention", "fp32", "cpu"),
-    ("transformer-encoder", "bf16", "cuda"), ("gpt", "bf16", "cuda"), ("mlp", "pure-bf16", "cpu")])
+    ("transformer-encoder", "bf16", "cuda"), ("gpt", "bf16", "cuda"), ("mlp", "pure-bf16", "cpu")],
+    keep={("conv-batchnorm", "bf16", "cpu"), ("gpt", "bf16", "cuda"), ("mlp", "pure-bf16", "cpu")}))
 def test_profiles_with_and_without_the_memo_are_the_same(name: str, precision: str, target: str) -> None:
     build, spec, b = MODELS[name]
     Profiler(build, spec, precision=precision, target=target, memo=False).step(b)  # warm the kernel choice
