@@ -209,3 +209,109 @@ def test_remedy_savings_are_what_real_steps_save() -> None:
     assert not any(r.startswith("micro-batch") for r in estimates.remedy_savings(profile, 1, "plain"))
     with pytest.raises(ValueError, match="mode"):
         estimates.remedy_savings(profile, b, "sharded")
+
+
+# -- what the remedies' rows carry, and when they appear ------------------------------------------
+def test_estimates_and_remedy_floors_are_frozen_values() -> None:
+    """An Estimate and a RemedyFloor are frozen, hashable values: no caller can alter a row once made."""
+    import dataclasses
+
+    est = estimates.popular_estimates(GPTConfig(seq_len=8, d_model=16, n_heads=2, n_layers=1), 1000, 2,
+                                      100_000, checkpointed=False)[0]
+    floor = estimates.remedy_floors(100, 100, 200)[0]
+    for row, name in ((est, "predicted_bytes"), (floor, "floor_bytes")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(row, name, 0)
+        assert hash(row) == hash(dataclasses.replace(row))
+
+
+def test_caveats_sit_on_the_rows_whose_number_needs_them() -> None:
+    """Mixed precision, pure bf16, 8-bit and FSDP rows carry their CAVEATS entry; every other row none."""
+    n = 1000
+    rows = {r.remedy: r.caveat for r in estimates.remedy_floors(4 * n, 4 * n, 8 * n, workers=(8,))}
+    fsdp = "persistent state sharded over 8 workers (FSDP / ZeRO-3)"
+    caveated = {name: estimates.CAVEATS[name] for name in (estimates.MIXED_PRECISION, estimates.PURE_BF16,
+                                                           estimates.EIGHT_BIT)}
+    caveated[fsdp] = estimates.CAVEATS[estimates.FSDP]
+    assert {k: v for k, v in rows.items() if v} == caveated
+    assert all(v == "" for k, v in rows.items() if k not in caveated)
+    # measured in pure bf16, the measured row itself is the one that loses small updates
+    pure = {r.remedy: r.caveat for r in estimates.remedy_floors(2 * n, 2 * n, 4 * n, precision="pure-bf16")}
+    assert pure["Adam, pure bf16 (measured)"] == estimates.CAVEATS[estimates.PURE_BF16]
+    assert rows["Adam, fp32 (measured)"] == ""
+
+
+def test_the_report_rows_refuse_flags_that_are_not_bools(llama_profile) -> None:  # noqa: ANN001
+    """exact and checkpointing must be True or False (1 and "yes" are refused, naming the argument)."""
+    from helpers.core.validate import ArgTypeError
+
+    profile, _ = llama_profile
+    with pytest.raises(ArgTypeError, match="^exact must be a bool"):
+        estimates.estimates_beside_ours(profile, 4, exact=1)
+    with pytest.raises(ArgTypeError, match="^exact must be a bool"):
+        estimates.remedy_savings(profile, 4, "plain", exact="yes")
+    with pytest.raises(ArgTypeError, match="^checkpointing must be a bool"):
+        estimates.remedy_savings(profile, 4, "plain", checkpointing=1)
+
+
+def test_remedy_savings_default_mode_is_plain_and_halves_micro_batch_2(llama_profile) -> None:  # noqa: ANN001
+    """Without a mode the rows are the plain step's; at B = 2 halving saves the full profiles' difference."""
+    profile, _ = llama_profile
+    rows = estimates.remedy_savings(profile, 2)
+    assert rows == estimates.remedy_savings(profile, 2, "plain")
+    halved = profile.full_step(2, 2, False).peak_bytes - profile.full_step(1, 2, False).peak_bytes
+    assert rows["micro-batch 2 -> 1 (accumulate twice as many steps)"] == halved > 0
+
+
+def test_state_remedies_are_listed_for_adam_and_adamw_only() -> None:
+    """AdamW keeps Adam's two moments, so it gets the same state rows (those saving bytes); SGD gets none."""
+    import functools
+
+    from helpers.core.data import BatchSpec
+    from helpers.meta.profiler import Profiler
+    from helpers.models.architecture_config import ArchConfig
+    from helpers.models.architectures import CausalLM
+
+    cfg = ArchConfig("llama", 512, 64, 128, 2, 4, 16, num_kv_heads=2, tie_embeddings=True)
+    build, spec = functools.partial(CausalLM, cfg), BatchSpec.lm(16, 512)
+    adamw = Profiler(build, spec, "adamw", target="cuda").profile("none")
+    bd = adamw.steps["plain"].optimizer_breakdown
+    p, g, s = bd["parameters"], bd["gradients"], bd["optimizer_state"]
+    assert s == 2 * p + 4 * len(list(build().parameters()))  # two moments and a 4-byte step count per tensor
+    floors = estimates.remedy_floors(p, g, s, workers=(8,))
+    rows = estimates.remedy_savings(adamw, 2, "plain", exact=False)
+    assert {r.remedy: rows[r.remedy] for r in floors if r.remedy in rows} == {
+        r.remedy: r.saving_bytes for r in floors if r.saving_bytes > 0}
+    assert "Adam, fp32 (measured)" not in rows and estimates.MIXED_PRECISION not in rows  # they save nothing
+    sgd = Profiler(build, spec, "sgd-momentum", target="cuda").profile("none")
+    assert sgd.steps["plain"].optimizer_breakdown["optimizer_state"] > 0
+    assert not any(r.remedy in estimates.remedy_savings(sgd, 2, "plain", exact=False) for r in floors)
+
+
+FUSED = "fused=True Adam (estimate: the per-tensor step's peak, at micro-batch {})"
+PER_TENSOR = "foreach=False Adam (the per-tensor loop, at micro-batch {})"
+
+
+def test_fused_and_per_tensor_rows_where_the_optimizer_step_binds(llama_profile) -> None:  # noqa: ANN001
+    """Where the optimizer step binds, both rows save foreach's full-step peak minus the per-tensor loop's."""
+    profile, _ = llama_profile
+    assert profile.profiles["plain"].binding_phase(1) == "optimizer"
+    assert profile.profiles["plain"].binding_phase(2) == "forward"
+    assert profile.profiles["checkpointed"].binding_phase(2) == "optimizer"
+    for b, mode, checkpoint in ((1, "plain", "none"), (2, "checkpointed", "blocks")):
+        rows = estimates.remedy_savings(profile, b, mode, exact=False)
+        saving = (profile.full_step(b, 2, mode == "checkpointed").peak_bytes
+                  - profile.per_tensor_step(b, checkpoint).peak_bytes)
+        assert rows[FUSED.format(b)] == rows[PER_TENSOR.format(b)] == saving > 0
+    # at B = 2 the plain step peaks in the forward pass: no optimizer row
+    plain2 = estimates.remedy_savings(profile, 2, "plain", exact=False)
+    assert FUSED.format(2) not in plain2 and PER_TENSOR.format(2) not in plain2
+
+
+def test_no_optimizer_rows_where_the_per_tensor_loop_saves_nothing(llama_profile) -> None:  # noqa: ANN001
+    """At B = 16 checkpointed the fit says the optimizer binds, but both full steps peak alike: no row."""
+    profile, _ = llama_profile
+    assert profile.profiles["checkpointed"].binding_phase(16) == "optimizer"
+    assert profile.full_step(16, 2, True).peak_bytes == profile.per_tensor_step(16, "blocks").peak_bytes
+    rows = estimates.remedy_savings(profile, 16, "checkpointed", exact=False)
+    assert FUSED.format(16) not in rows and PER_TENSOR.format(16) not in rows
