@@ -41,7 +41,8 @@ def main(filename: str, lines: set[int], source: str) -> int:
     work = tempfile.mkdtemp(prefix="recheck.")
     sock = os.path.join(work, ".server.sock")
     py = os.environ.get("PY", sys.executable)
-    for name in ("helpers", "tests", "scripts"):
+    # what make mutate copies (scripts/mutate.sh): tests read the notebooks and docs/calibration too
+    for name in ("helpers", "tests", "scripts", "notebooks", os.path.join("docs", "calibration")):
         shutil.copytree(os.path.join(ROOT, name), os.path.join(work, name),
                         ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("conftest.py", "pyproject.toml"):

@@ -256,3 +256,155 @@ def test_fit_profile_refuses_a_result_without_peak_bytes() -> None:
 def test_fit_profile_names_micro_batches_in_its_error() -> None:
     with pytest.raises(ValueError, match=r"^micro_batches\[i\] must"):
         memory_profile.fit_profile(_phases, (0, 2))
+
+
+# -- killing the survivors of the second mutation run ------------------------------------------
+# Hand-made profiles in MiB for the loop with and without `del predictions` (`released`):
+# kept: forward 102 + 11 b, optimizer 110 + 3 b; released: forward 102 + 6.5 b, optimizer 120 + b.
+RELEASED = hand_profile(activation_bytes_per_example=6 * MiB, other_bytes_per_example=0.5 * MiB,
+                        optimizer_peak_bytes=120 * MiB, optimizer_bytes_per_example=1 * MiB)
+KEPT = hand_profile(other_bytes_per_example=1 * MiB, optimizer_bytes_per_example=3 * MiB,
+                    released=RELEASED)  # type: ignore[arg-type]
+
+
+def test_keep_output_defaults_to_the_loop_as_written() -> None:
+    """Every phase method predicts the kept loop by default and the released one with keep_output=False."""
+    assert KEPT.forward_peak(4) == 146 * MiB and KEPT.forward_peak(4, keep_output=False) == 128 * MiB
+    assert KEPT.optimizer_peak(4) == 122 * MiB and KEPT.optimizer_peak(4, keep_output=False) == 124 * MiB
+    assert KEPT.predict_peak(4) == 146 * MiB and KEPT.predict_peak(4, keep_output=False) == 128 * MiB
+    # b = 2: kept forward 124 > optimizer 116; released forward 115 < optimizer 122
+    assert KEPT.binding_phase(2) == "forward"
+    assert KEPT.binding_phase(2, keep_output=False) == "optimizer"
+
+
+def test_held_output_bytes_is_the_difference_of_the_two_loops() -> None:
+    """held_output_bytes(4) = 146 - 128 MiB; per example 10 + 1 - 6 - 0.5 MiB; both 0 without `released`."""
+    assert KEPT.held_output_bytes(4) == 18 * MiB
+    assert KEPT.held_output_bytes_per_example == pytest.approx(4.5 * MiB)
+    assert PLAIN.released is None and PLAIN.held_output_bytes_per_example == 0.0
+    assert PLAIN.held_output_bytes(4) == 0
+    assert PLAIN.predict_peak(4, keep_output=False) == PLAIN.predict_peak(4) == 142 * MiB
+
+
+def test_forward_peak_names_b_in_its_error() -> None:
+    """forward_peak(0) is refused with an error that names `b`."""
+    with pytest.raises(ValueError, match="^b must be a positive int"):
+        PLAIN.forward_peak(0)
+
+
+def test_a_hand_profile_has_no_one_step_line() -> None:
+    """Without a measured one-step line both of its fields are 0, as documented."""
+    assert (PLAIN.single_step_bytes, PLAIN.single_step_bytes_per_example) == (0.0, 0.0)
+
+
+def _record(b: int, acts: int, other: int, optimizer: int, first: int = 0,
+            released: PhaseMemory | None = None) -> PhaseMemory:
+    """A PhaseMemory of a job with floor 4000 (1000 parameters, 1000 gradients, 2000 Adam state)."""
+    fwd = {**_state(), "activations": acts, "other": other}
+    opt = {**_state(), "activations": 0, "other": optimizer - 4000}
+    fwd_peak = sum(fwd.values())
+    peak, breakdown = (fwd_peak, fwd) if fwd_peak >= optimizer else (optimizer, opt)
+    return PhaseMemory(peak_bytes=peak, breakdown=breakdown, device="cpu", method="cpu-tracker",
+                       forward_peak_bytes=fwd_peak, forward_breakdown=fwd, optimizer_peak_bytes=optimizer,
+                       optimizer_breakdown=opt, first_step_peak_bytes=first, released=released)
+
+
+# The optimizer step binds at the largest size: b = 1 forward 5500 > 5000; b = 2 a tie at 6400;
+# b = 4 the optimizer step's 9000, its forward peak (6400) off the line 4600 + 900 b. One-step
+# peaks 4800, 5200 (on 4400 + 400 b) and 5000 at b = 4.
+_LATE = {1: (1200, 300, 5000, 4800), 2: (2000, 400, 6400, 5200), 4: (2000, 400, 9000, 5000)}
+
+
+def _late(b: int) -> PhaseMemory:
+    return _record(b, *_LATE[b])
+
+
+def test_fit_profile_lines_through_the_small_sizes_where_the_forward_phase_binds() -> None:
+    """Forward and one-step lines go through b = 1 and 2 (a tie binds), not the optimizer-bound b = 4."""
+    profile = memory_profile.fit_profile(_late, (1, 2, 4))
+    assert profile.activation_bytes_per_example == pytest.approx(800)
+    assert profile.activation_intercept_bytes == pytest.approx(400)
+    assert profile.other_bytes_per_example == pytest.approx(100)
+    assert profile.other_bytes == pytest.approx(200)
+    assert profile.forward_peak(3) == 4000 + (200 + 300) + (400 + 2400)
+    assert profile.single_step_bytes == pytest.approx(4400)
+    assert profile.single_step_bytes_per_example == pytest.approx(400)
+
+
+def test_fit_profile_raises_the_optimizer_line_to_its_highest_point() -> None:
+    """A least-squares optimizer line through 5000, 6400, 9000 is raised to touch 6400 at b = 2."""
+    profile = memory_profile.fit_profile(_late, (1, 2, 4))
+    assert profile.optimizer_peak(2) == 6400
+    for b in (1, 4):
+        assert profile.optimizer_peak(b) >= _late(b).optimizer_peak_bytes, b
+    assert profile.optimizer_bytes_per_example == pytest.approx(9300 / 7)  # sxy 6200 / sxx 14/3
+
+
+def test_fit_profile_step_memory_forward_peaks_bind_beside_a_phase_memory() -> None:
+    """StepMemory forward peaks at b = 1, 2 set the line; the optimizer-bound PhaseMemory at b = 4 not."""
+    def measure(b: int) -> PhaseMemory | StepMemory:
+        m = _late(b)
+        return m if b == 4 else StepMemory(m.forward_peak_bytes, m.forward_breakdown, "cpu", "cpu-tracker")
+
+    profile = memory_profile.fit_profile(measure, (1, 2, 4))
+    assert profile.activation_bytes_per_example == pytest.approx(800)
+    assert profile.activation_intercept_bytes == pytest.approx(400)
+
+
+def test_fit_profile_raises_the_forward_line_to_a_smaller_binding_size() -> None:
+    """Line through b = 2, 4 (6400, 8200); b = 1 measured 5700, 200 above it: other_bytes 200 + 200."""
+    def measure(b: int) -> StepMemory:
+        acts, other = {1: (1200, 500), 2: (2000, 400), 4: (3600, 600)}[b]
+        return StepMemory(4000 + acts + other, {**_state(), "activations": acts, "other": other},
+                          "cpu", "cpu-tracker")
+
+    profile = memory_profile.fit_profile(measure, (1, 2, 4))
+    assert profile.other_bytes_per_example == pytest.approx(100)
+    assert profile.other_bytes == pytest.approx(400)
+    assert profile.activation_bytes_per_example == pytest.approx(800)
+    assert (profile.predict_peak(1), profile.predict_peak(2), profile.predict_peak(4)) == (5700, 6600, 8400)
+
+
+@pytest.mark.parametrize(("optimizer_at_1", "one_base"), [(4900, 4600), (5000, 4400)])
+def test_fit_profile_raises_the_one_step_line_only_above_the_optimizer_step(
+        optimizer_at_1: int, one_base: int) -> None:
+    """One-step line 4400 + 400 b through b = 2, 4; b = 1's 5000 raises it by 200 only above the optimizer."""
+    first = {1: 5000, 2: 5200, 4: 6000}
+    optimizer = {1: optimizer_at_1, 2: 5100, 4: 5300}
+    profile = memory_profile.fit_profile(
+        lambda b: _record(b, 400 + 800 * b, 200 + 100 * b, optimizer[b], first[b]), (1, 2, 4))
+    assert profile.single_step_bytes_per_example == pytest.approx(400)
+    assert profile.single_step_bytes == pytest.approx(one_base)
+    # K = 1 at b = 1: max(5500 - 1000, floor 4000, the one-step line)
+    assert profile.forward_peak(1, accumulation_steps=1) == one_base + 400
+
+
+def test_fit_profile_one_step_line_from_two_sizes() -> None:
+    """Two sizes with one-step peaks 5200 and 6000 give the line 4400 + 400 b."""
+    first = {2: 5200, 4: 6000}
+    profile = memory_profile.fit_profile(
+        lambda b: _record(b, 400 + 800 * b, 200 + 100 * b, 5000, first[b]), (2, 4))
+    assert profile.single_step_bytes == pytest.approx(4400)
+    assert profile.single_step_bytes_per_example == pytest.approx(400)
+    assert profile.forward_peak(8, accumulation_steps=1) == 4000 + 1000 + 6800 - 1000  # 10800 > 4400 + 3200
+
+
+def test_fit_profile_without_one_step_peaks_has_no_one_step_line() -> None:
+    """PhaseMemory without first-step peaks: both one-step fields 0, K = 1 is the line less the gradients."""
+    profile = memory_profile.fit_profile(_phases, (1, 2, 4))
+    assert (profile.single_step_bytes, profile.single_step_bytes_per_example) == (0.0, 0.0)
+    assert profile.forward_peak(4, accumulation_steps=1) == 8200 - 1000
+
+
+def test_fit_profile_fits_the_released_loop() -> None:
+    """Released records (activations 400 + 500 b) give `released`; the kept loop holds 300 B per example."""
+    def measure(b: int) -> PhaseMemory:
+        released = _record(b, 400 + 500 * b, 200 + 100 * b, 5000)
+        return _record(b, 400 + 800 * b, 200 + 100 * b, 5000, released=released)
+
+    profile = memory_profile.fit_profile(measure, (1, 2, 4))
+    assert profile.released is not None
+    assert profile.released.activation_bytes_per_example == pytest.approx(500)
+    assert profile.held_output_bytes_per_example == pytest.approx(300)
+    assert profile.predict_peak(4, keep_output=False) == 4000 + 600 + 2400
+    assert profile.held_output_bytes(4) == 1200
