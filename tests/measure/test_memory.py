@@ -14,12 +14,15 @@ from helpers.core.data import token_batch
 from helpers.core.device import CPU_TRACKER, TENSOR_TRACKER
 from helpers.core.training import lm_loss
 from helpers.measure.memory import (
+    StepMemory,
     measure_step,
     micro_step_memory,
     new_live_bytes,
     record_timeline,
+    run_capped,
     run_or_oom,
     saved_activation_bytes,
+    tracked_run,
     tracker_method,
 )
 from helpers.measure.timeline import CATEGORIES
@@ -466,3 +469,116 @@ def test_every_measuring_function_refuses_a_meta_model_and_names_the_planner() -
         with pytest.raises(ValueError, match=rf"{name} measures a real step.*meta device.*"
                                              r"meta_profile\.Profiler.*python -m helpers\.plan"):
             call()
+
+
+def test_a_hand_made_step_memory_has_no_kernel_bytes_unless_given() -> None:
+    """A StepMemory built without a kernel figure (a fake measurement) reports 0 bytes inside kernels."""
+    breakdown = {"parameters": 400, "gradients": 400, "optimizer_state": 800, "activations": 1000,
+                 "other": 96}
+    mem = StepMemory(2696, breakdown, "cpu", CPU_TRACKER)
+    assert mem.inside_kernels_bytes == 0 and mem.floor_bytes == 1600
+    assert StepMemory(2696, breakdown, "cpu", CPU_TRACKER, 64).inside_kernels_bytes == 64
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_tracked_run_keeps_what_could_be_released_unless_asked(device: str) -> None:
+    """tracked_run's timeline() holds a 4000-byte output to the end; timeline(released=True) drops it early.
+
+    Hand count: the output (1000 floats) is marked for release, then a 2000-byte temporary comes and
+    goes, and the output is kept past the region. On CPU the allocator's timeline, on meta the tracker's.
+    """
+    kept: list[torch.Tensor] = []
+    tracker = MemoryTracker(device=device)
+
+    def run() -> None:
+        out = torch.ones(1000, device=device)
+        tracker.could_release(out)
+        torch.ones(500, device=device)
+        kept.append(out)
+
+    timeline_of = tracked_run(run, tracker)
+    held, released = timeline_of(), timeline_of(released=True)
+    assert max(held.total) == 6000 and max(released.total) == 4000, (held.total, released.total)
+    assert held.method == ("cpu-tracker" if device == "cpu" else TENSOR_TRACKER)
+
+
+def test_micro_step_memory_marks_return_live_bytes_and_growth_spans_the_micro_steps() -> None:
+    """mark() returns the live bytes it read; growth() is last mark minus first micro-step (hand count)."""
+    model = nn.Linear(2, 2)  # 6 floats: 24 bytes of parameters, live throughout
+    returned: list[int] = []
+
+    def loop(mark) -> None:  # noqa: ANN001
+        kept = []
+        for n in (100, 200, 300):  # keeps 400, then 800, then 1200 more bytes
+            kept.append(torch.ones(n))
+            returned.append(mark(f"kept {n}"))
+
+    mem = micro_step_memory(loop, model)
+    assert mem.live_after == [24, 424, 1224, 2424] and returned == mem.live_after[1:]
+    assert mem.growth() == 2424 - 424 == mem.growth(1, -1)
+    assert mem.growth(0) == 2400 and mem.peak_bytes == 2424
+
+
+# -- run_capped on a fake GPU: the cap it sets, the checks before, the cap it puts back -------
+class _FakeCuda:
+    """GPU 1 of a fake machine: 8 GB, of which the allocator has reserved 1 GB; records every cap set."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from types import SimpleNamespace
+
+        self.caps: list[tuple[float, int]] = []
+        props = {1: SimpleNamespace(total_memory=8 * 10**9)}
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: {1: 10**9}[i])
+        monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                            lambda f, i: self.caps.append((f, i)))
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setattr("helpers.measure.memory.gc.collect", lambda *a: 0)  # each full collection: ~0.3 s
+
+
+def test_run_capped_caps_the_gpu_at_reserved_plus_budget_and_lifts_the_cap_after(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap is (reserved + budget - counted) / total, at most 1, on the GPU asked for; then 1.0 again.
+
+    Hand count on an 8 GB GPU with 1 GB reserved: a 3 GB budget caps at 4/8, 2 GB less 0.5 GB counted at
+    2.5/8, a 16 GB budget at the whole GPU. An out-of-memory run gives None and lifts the cap too.
+    """
+    monkeypatch.delenv("LESSONS_GPU_MEMORY_GB", raising=False)
+    cuda = _FakeCuda(monkeypatch)
+    gpu = torch.device("cuda", 1)
+    gb = 10**9
+    assert run_capped(lambda: "fits", 3 * gb, gpu) == "fits"
+    assert run_capped(lambda: 7, 2 * gb, gpu, counted_bytes=gb // 2) == 7
+    assert run_capped(lambda: 8, 16 * gb, gpu, counted_bytes=0) == 8
+
+    def oom() -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    assert run_capped(oom, 3 * gb, gpu) is None
+    assert cuda.caps == [(0.5, 1), (1.0, 1), (0.3125, 1), (1.0, 1), (1.0, 1), (1.0, 1), (0.5, 1), (1.0, 1)]
+
+
+def test_run_capped_puts_back_the_lessons_gpu_memory_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With LESSONS_GPU_MEMORY_GB=4 on an 8 GB GPU, the process is capped at 4/8 again after the run."""
+    monkeypatch.setenv("LESSONS_GPU_MEMORY_GB", "4")
+    cuda = _FakeCuda(monkeypatch)
+    assert run_capped(lambda: "ran", 2 * 10**9, torch.device("cuda", 1)) == "ran"
+    assert cuda.caps == [(3 / 8, 1), (1.0, 1), (0.5, 1)]
+
+
+def test_run_capped_checks_device_budget_and_counted_bytes_before_touching_the_gpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU device or a device name, a budget <= 0 and counted_bytes outside [0, budget) raise ValueError."""
+    cuda = _FakeCuda(monkeypatch)
+    gpu = torch.device("cuda", 1)
+    never = lambda: pytest.fail("fn must not run")  # noqa: E731
+    for device in (torch.device("cpu"), "cuda"):
+        with pytest.raises(ValueError, match="^run_capped needs a CUDA device"):
+            run_capped(never, 10**9, device)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="budget_bytes"):
+        run_capped(never, -1.0, gpu)
+    for counted in (-1, 10**9, 2 * 10**9):
+        with pytest.raises(ValueError, match=r"^counted_bytes must be in \[0, budget_bytes=1000000000\)"):
+            run_capped(never, 10**9, gpu, counted_bytes=counted)
+    assert cuda.caps == []

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import math
 
-from helpers.measure.timeline import _Record, build_timeline
+import torch
+
+from helpers.measure.memory import tracked_run
+from helpers.measure.timeline import Timeline, _Record, build_timeline
+from helpers.measure.tracker import MemoryTracker
 
 
 def test_build_timeline_from_known_lifetimes() -> None:
@@ -47,3 +51,36 @@ def test_released_records_die_at_their_release_point_and_kernel_buffers_are_kept
     assert held.peak_index == 3 and held.at(3)["activations"] == 100
     no_record = build_timeline([], ops, phases, [])
     assert no_record.total == [0] * 5 and no_record.peak_index == 0  # the first of equal totals
+
+
+def test_released_points_apply_only_when_asked() -> None:
+    """By default a record ends when it died (build_timeline holds it); released=True, at its release."""
+    rec = _Record(nbytes=100, born=1, died=3, release=1)
+    assert (rec.end(), rec.end(released=True)) == (3, 1)
+    ops, phases = ["start", "a", "b", "c", "d"], ["start", "forward", "forward", "backward", "backward"]
+    assert build_timeline([rec], ops, phases, []).total == [0, 100, 100, 100, 0]
+    assert build_timeline([rec], ops, phases, [], released=True).total == [0, 100, 0, 0, 0]
+
+
+def test_a_timeline_without_kernel_figures_reports_none_inside_kernels() -> None:
+    """A Timeline made by hand (no inside_kernels given) has 0 bytes inside kernels after every op."""
+    tl = Timeline(["start", "mm"], ["start", "forward"], {"activations": [0, 64], "other": [0, 8]})
+    assert sum(tl.inside_kernels) == 0 and [tl.inside_at(i) for i in range(2)] == [0, 0]
+    assert tl.total == [0, 72] and tl.marks == []
+
+
+def test_released_cpu_timeline_frees_unmarked_storages_when_the_allocator_does() -> None:
+    """On CPU (the allocator's record), released=True ends a marked 4000-byte output at its release point
+    and a 2000-byte temporary, never marked, when it is freed: peak 4000 bytes, 0 at the end."""
+    kept: list[torch.Tensor] = []
+    tracker = MemoryTracker(device="cpu")
+
+    def run() -> None:
+        out = torch.ones(1000)
+        tracker.could_release(out)
+        torch.ones(500)  # freed at once
+        kept.append(out)  # held past the region
+
+    released = tracked_run(run, tracker)(released=True)
+    assert released.method == "cpu-tracker"
+    assert max(released.total) == 4000 and 2000 in released.total and released.total[-1] == 0, released.total
