@@ -177,9 +177,9 @@ def _run(args: argparse.Namespace) -> tuple[tuple[str, ...], PlanReport]:
             lines.append(f"note: {NO_TRANSFORMERS}")
     else:
         build, spec, name = load_factory(args.model), _spec_from_args(args), args.model
+    capability = gpu.capability if gpu is not None else _capability(args.gpu)  # `auto` reads the GPU once
     profiler = Profiler(build, spec, args.optimizer, target=args.target, precision=args.precision,
-                        trainable=args.trainable, capability=_capability(args.gpu),
-                        optimizer_impl=args.optimizer_impl)
+                        trainable=args.trainable, capability=capability, optimizer_impl=args.optimizer_impl)
     if args.target == "cuda":
         lines.append(f"target GPU {args.gpu} (compute capability sm{profiler.capability})")
         lines.append(f"calibration: {status(gpu.device_name if gpu is not None else args.gpu)}")
